@@ -1,0 +1,435 @@
+//! A replica: one node's copy of the registry, with the mutators that mint its dots and the
+//! queries that read it.
+//!
+//! Every mutator returns the delta it made after joining it locally (`m(X) = X ⊔ mδ(X)`),
+//! so the caller can ship the delta as is. Reads take `now_ms` and hide what has expired at
+//! once; [`Replica::expire`] only collects it.
+
+use std::collections::BTreeSet;
+
+use crate::context::CausalContext;
+use crate::error::{ElidedError, InvalidInput};
+use crate::hlc::Hlc;
+use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
+use crate::state::{Elided, JoinReport, RegKey, State};
+use crate::value::{validate_metadata, Endpoint, Lease, Metadata, Registration};
+
+/// One node's replica of the registry.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    id: ReplicaId,
+    state: State,
+    /// No dot at or below this counter will be minted (a floor saved on disk, so a node
+    /// that lost its last writes in a crash never reuses a dot).
+    counter_floor: u64,
+}
+
+/// A live service instance as a read sees it, borrowed from the replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceRef<'a> {
+    /// The service.
+    pub service: &'a ServiceName,
+    /// The provider offering it.
+    pub provider: &'a ProviderId,
+    /// The dot of the winning write.
+    pub dot: &'a Dot,
+    /// The registration.
+    pub registration: &'a Registration,
+    /// The provider's lease that keeps it alive.
+    pub lease: &'a Lease,
+}
+
+impl InstanceRef<'_> {
+    /// The node (replica) that wrote this registration.
+    pub fn node(&self) -> ReplicaId {
+        self.dot.actor
+    }
+
+    /// Copies the instance out of the replica.
+    pub fn to_owned(&self) -> Instance {
+        Instance {
+            service: self.service.clone(),
+            provider: self.provider.clone(),
+            endpoint: self.registration.endpoint.clone(),
+            meta: self.registration.meta.clone(),
+            written: self.registration.written,
+            node: self.node(),
+            lease_deadline_ms: self.lease.deadline_ms(),
+        }
+    }
+}
+
+/// A live service instance, owned (as carried by a [`Change`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    /// The service.
+    pub service: ServiceName,
+    /// The provider offering it.
+    pub provider: ProviderId,
+    /// Where it listens.
+    pub endpoint: Endpoint,
+    /// Its metadata.
+    pub meta: Metadata,
+    /// When it was registered (or last updated).
+    pub written: Hlc,
+    /// The node that wrote it.
+    pub node: ReplicaId,
+    /// When its provider's lease ends, in milliseconds since the epoch, unless renewed.
+    pub lease_deadline_ms: u64,
+}
+
+/// A change in what a read would return: an instance came up (or changed), or went down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The instance is now visible with this value (new, or updated).
+    Up(Instance),
+    /// The instance is no longer visible (deregistered, or its lease ended).
+    Down {
+        /// The service.
+        service: ServiceName,
+        /// The provider.
+        provider: ProviderId,
+    },
+}
+
+/// Everything known about one registration: what `roster explain` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Provenance {
+    /// Every write the register holds (more than one only while concurrent writes meet).
+    pub writes: Vec<(Dot, Registration)>,
+    /// The winning write, the greatest `(written, dot)`.
+    pub winner: Option<Dot>,
+    /// The provider's lease dots and values.
+    pub leases: Vec<(Dot, Lease)>,
+    /// Whether a read at the given time shows the instance.
+    pub live: bool,
+}
+
+/// The result of a mutation: the delta to ship, and what changed for readers.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    /// The delta; ship it to peers.
+    pub delta: State,
+    /// What became visible or invisible.
+    pub changes: Vec<Change>,
+}
+
+impl Replica {
+    /// A new, empty replica minting dots as `id`.
+    pub fn new(id: ReplicaId) -> Self {
+        Self::from_state(id, State::new(), 0)
+    }
+
+    /// A replica resumed from a saved state, never minting a counter at or below
+    /// `counter_floor` (nor below what the state shows `id` already minted).
+    pub fn from_state(id: ReplicaId, state: State, counter_floor: u64) -> Self {
+        Self {
+            id,
+            state,
+            counter_floor,
+        }
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> ReplicaId {
+        self.id
+    }
+
+    /// The full state.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The causal context: the digest peers compare against.
+    pub fn context(&self) -> &CausalContext {
+        self.state.context()
+    }
+
+    /// The greatest counter this replica has minted or seen minted in its name.
+    pub fn counter(&self) -> u64 {
+        self.counter_floor.max(self.state.ctx.max_counter(self.id))
+    }
+
+    fn mint(&mut self) -> Dot {
+        let c = self.counter() + 1;
+        self.counter_floor = c;
+        dot(self.id, c)
+    }
+
+    /// Registers (or updates) `provider`'s instance of `service`, and makes sure the
+    /// provider holds a lease of `lease_ttl_ms`.
+    ///
+    /// The lease is written too only when the provider has no live lease of that length at
+    /// `now`, so re-registering costs one registration, not a registration and a lease.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] when the metadata or the TTL break a limit; nothing is changed.
+    pub fn register(
+        &mut self,
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        lease_ttl_ms: u64,
+        now: Hlc,
+    ) -> Result<Applied, InvalidInput> {
+        validate_metadata(&meta)?;
+        let lease = Lease::new(now, lease_ttl_ms)?;
+        let key = RegKey { service, provider };
+        let mut seen = self.state.reg_dots(&key);
+        let mut delta = State::new();
+        let current = self
+            .state
+            .lease(&key.provider)
+            .and_then(|f| f.winner(|l| l.issued));
+        let lease_dot = match current {
+            Some((d, l)) if l.is_live(now.millis()) && l.ttl_ms == lease_ttl_ms => d.clone(),
+            _ => {
+                let d = self.mint();
+                seen.extend(self.state.lease_dots(&key.provider));
+                seen.push(d.clone());
+                delta.insert_lease(key.provider.clone(), d.clone(), lease);
+                d
+            }
+        };
+        let d = self.mint();
+        seen.push(d.clone());
+        let registration = Registration {
+            endpoint,
+            meta,
+            written: now,
+            lease_dot,
+        };
+        delta.insert_reg(key, d, registration);
+        Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
+    }
+
+    /// Renews `provider`'s lease: one small delta, whatever the number of its services.
+    ///
+    /// # Errors
+    /// [`InvalidInput::LeaseTtl`] when the TTL is out of range; nothing is changed.
+    pub fn renew(
+        &mut self,
+        provider: ProviderId,
+        lease_ttl_ms: u64,
+        now: Hlc,
+    ) -> Result<Applied, InvalidInput> {
+        let lease = Lease::new(now, lease_ttl_ms)?;
+        let mut seen = self.state.lease_dots(&provider);
+        let d = self.mint();
+        seen.push(d.clone());
+        let mut delta = State::new();
+        delta.insert_lease(provider, d, lease);
+        Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
+    }
+
+    /// Removes `provider`'s instance of `service`. `None` when there is nothing to remove.
+    pub fn deregister(&mut self, service: ServiceName, provider: ProviderId, now_ms: u64) -> Option<Applied> {
+        let dots = self.state.reg_dots(&RegKey { service, provider });
+        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+    }
+
+    /// Removes a provider entirely: its lease and all its registrations (a graceful exit).
+    /// `None` when the provider holds nothing.
+    pub fn deregister_provider(&mut self, provider: &ProviderId, now_ms: u64) -> Option<Applied> {
+        let dots = self.provider_dots(provider);
+        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+    }
+
+    fn provider_dots(&self, provider: &ProviderId) -> Vec<Dot> {
+        let mut dots = self.state.lease_dots(provider);
+        for s in self.state.services_of(provider) {
+            dots.extend(self.state.reg_dots(&RegKey {
+                service: s.clone(),
+                provider: provider.clone(),
+            }));
+        }
+        dots
+    }
+
+    /// Collects every provider whose lease ended more than `grace_ms` before `now_ms`, with
+    /// all its registrations, and any registration whose lease was collected before it
+    /// arrived.
+    ///
+    /// An ordinary observed-remove delta: any node may run it, sweeps need no coordination,
+    /// and a concurrent renewal (a new dot) survives it. The grace must be at least the
+    /// clock skew allowed between nodes. `None` when nothing has expired.
+    pub fn expire(&mut self, now_ms: u64, grace_ms: u64) -> Option<Applied> {
+        let mut dots = Vec::new();
+        for (p, f) in &self.state.leases {
+            let ended = f
+                .winner(|l| l.issued)
+                .is_some_and(|(_, l)| l.deadline_ms().saturating_add(grace_ms) <= now_ms);
+            if ended {
+                dots.extend(self.provider_dots(p));
+            }
+        }
+        // A registration whose provider holds no lease here, written under a lease this
+        // replica has seen and no longer stores, lost its lease to a collection that did
+        // not know of it (it was written concurrently): collect it too. One whose lease has
+        // not arrived yet is left alone.
+        for (key, f) in &self.state.regs {
+            let lease_gone = f.iter().all(|(_, r)| self.state.ctx.contains(&r.lease_dot));
+            if lease_gone && self.state.lease(&key.provider).is_none() {
+                dots.extend(f.dots().cloned());
+            }
+        }
+        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+    }
+
+    /// The earliest lease deadline after `now_ms`, if any: when a read's answer will next
+    /// change by time alone (a driver sets its expiry timer from this).
+    pub fn next_deadline_ms(&self, now_ms: u64) -> Option<u64> {
+        self.state
+            .leases
+            .values()
+            .filter_map(|f| f.winner(|l| l.issued).map(|(_, l)| l.deadline_ms()))
+            .filter(|&d| d > now_ms)
+            .min()
+    }
+
+    fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {
+        let changes = self.join_and_diff(delta.clone(), now_ms).1;
+        Applied { delta, changes }
+    }
+
+    /// Joins a delta or a full state received from a peer.
+    ///
+    /// Returns what the join did (`report.changed()` is false when the state already
+    /// included it: nothing to forward) and what became visible or invisible at `now_ms`.
+    pub fn apply(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
+        self.join_and_diff(delta, now_ms)
+    }
+
+    /// Joins an elided state from a peer (see [`State::elide_for`]).
+    ///
+    /// # Errors
+    /// [`ElidedError`] when it leaves out a value this replica never had, or is invalid;
+    /// nothing is changed.
+    pub fn apply_elided(
+        &mut self,
+        elided: Elided,
+        now_ms: u64,
+    ) -> Result<(JoinReport, Vec<Change>), ElidedError> {
+        let full = elided.into_state(&self.state)?;
+        Ok(self.join_and_diff(full, now_ms))
+    }
+
+    fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
+        // The registrations whose visibility the join may change: the delta's own keys, ours
+        // that its context covers, and every registration of a provider whose lease it
+        // touches. Their visible dots before the join are compared with those after.
+        let mut candidates: BTreeSet<RegKey> = delta.regs.keys().cloned().collect();
+        let (covered_regs, mut lease_providers) = self.state.slots_covered_by(&delta.ctx);
+        candidates.extend(covered_regs);
+        lease_providers.extend(delta.leases.keys().cloned());
+        for p in &lease_providers {
+            candidates.extend(self.state.services_of(p).map(|s| RegKey {
+                service: s.clone(),
+                provider: p.clone(),
+            }));
+        }
+        let before: Vec<(RegKey, Option<Dot>)> = candidates
+            .into_iter()
+            .map(|k| {
+                let v = self.visible(&k, now_ms).map(|i| i.dot.clone());
+                (k, v)
+            })
+            .collect();
+        let report = self.state.join(delta);
+        let mut changes = Vec::new();
+        for (k, was) in before {
+            match (was, self.visible(&k, now_ms)) {
+                (Some(a), Some(b)) if &a == b.dot => {}
+                (None, None) => {}
+                (_, Some(b)) => changes.push(Change::Up(b.to_owned())),
+                (Some(_), None) => changes.push(Change::Down {
+                    service: k.service,
+                    provider: k.provider,
+                }),
+            }
+        }
+        (report, changes)
+    }
+
+    /// The winning lease of a provider, live or not.
+    pub fn lease_of(&self, provider: &ProviderId) -> Option<&Lease> {
+        self.state.lease(provider)?.winner(|l| l.issued).map(|(_, l)| l)
+    }
+
+    /// The live instance under `key` at `now_ms`, if any.
+    pub fn visible(&self, key: &RegKey, now_ms: u64) -> Option<InstanceRef<'_>> {
+        let (k, f) = self.state.regs.get_key_value(key)?;
+        self.live_instance(k, f, now_ms)
+    }
+
+    fn live_instance<'a>(
+        &'a self,
+        k: &'a RegKey,
+        f: &'a crate::dotfun::DotFun<Registration>,
+        now_ms: u64,
+    ) -> Option<InstanceRef<'a>> {
+        let lease = self.lease_of(&k.provider).filter(|l| l.is_live(now_ms))?;
+        let (dot, registration) = f.winner(|r| r.written)?;
+        Some(InstanceRef {
+            service: &k.service,
+            provider: &k.provider,
+            dot,
+            registration,
+            lease,
+        })
+    }
+
+    /// The live instances of `service` at `now_ms`, sorted by provider id.
+    pub fn instances<'a>(
+        &'a self,
+        service: &'a ServiceName,
+        now_ms: u64,
+    ) -> impl Iterator<Item = InstanceRef<'a>> + 'a {
+        self.state
+            .regs_of(service)
+            .filter_map(move |(k, f)| self.live_instance(k, f, now_ms))
+    }
+
+    /// Every service with at least one live instance at `now_ms`, with its instance count,
+    /// sorted by name.
+    pub fn services(&self, now_ms: u64) -> Vec<(ServiceName, usize)> {
+        let mut out: Vec<(ServiceName, usize)> = Vec::new();
+        for (k, f) in &self.state.regs {
+            if self.live_instance(k, f, now_ms).is_none() {
+                continue;
+            }
+            match out.last_mut() {
+                Some((s, n)) if s == &k.service => *n += 1,
+                _ => out.push((k.service.clone(), 1)),
+            }
+        }
+        out
+    }
+
+    /// Everything known about one registration, live or not; `None` if the store has no
+    /// write for it.
+    pub fn explain(&self, service: &ServiceName, provider: &ProviderId, now_ms: u64) -> Option<Provenance> {
+        let key = RegKey {
+            service: service.clone(),
+            provider: provider.clone(),
+        };
+        let f = self.state.reg(&key)?;
+        let leases = self
+            .state
+            .lease(provider)
+            .map(|lf| lf.iter().map(|(d, l)| (d.clone(), *l)).collect())
+            .unwrap_or_default();
+        Some(Provenance {
+            writes: f.iter().map(|(d, r)| (d.clone(), r.clone())).collect(),
+            winner: f.winner(|r| r.written).map(|(d, _)| d.clone()),
+            leases,
+            live: self.visible(&key, now_ms).is_some(),
+        })
+    }
+
+    /// The state as the peer with digest `peer` needs it (see [`State::elide_for`]).
+    pub fn elide_for(&self, peer: &CausalContext) -> Elided {
+        self.state.elide_for(peer)
+    }
+}

@@ -1,0 +1,280 @@
+//! The values the registry holds: a provider's registration of one service, and a
+//! provider's lease.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InvalidInput;
+use crate::hlc::Hlc;
+use crate::id::{truncate_for_display, Dot};
+
+/// The most metadata pairs one registration may carry.
+pub const MAX_META_PAIRS: usize = 64;
+/// The most bytes of metadata (keys plus values) one registration may carry.
+pub const MAX_META_BYTES: usize = 4096;
+/// The longest metadata key, in bytes.
+pub const MAX_META_KEY_LEN: usize = 128;
+/// The longest host name or address in an endpoint, in bytes.
+pub const MAX_HOST_LEN: usize = 253;
+/// The shortest lease a provider may take, in milliseconds.
+pub const MIN_LEASE_TTL_MS: u64 = 100;
+/// The longest lease a provider may take, in milliseconds (one day): no lease may
+/// outlive its provider for long.
+pub const MAX_LEASE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Where a service instance listens: a host name or IP address, and a port.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// Validates and makes an endpoint.
+    ///
+    /// # Errors
+    /// [`InvalidInput::Endpoint`] when the host is empty, too long, or holds whitespace or
+    /// control characters, or when the port is 0.
+    pub fn new(host: &str, port: u16) -> Result<Self, InvalidInput> {
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let why = if host.is_empty() {
+            Some("the host is empty")
+        } else if host.len() > MAX_HOST_LEN {
+            Some("the host is longer than 253 bytes")
+        } else if host
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+        {
+            Some("the host holds whitespace, a control character or '/'")
+        } else if port == 0 {
+            Some("the port is 0")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(InvalidInput::Endpoint {
+                endpoint: truncate_for_display(&format!("{host}:{port}")),
+                why,
+            }),
+            None => Ok(Self {
+                host: host.to_owned(),
+                port,
+            }),
+        }
+    }
+
+    /// Parses `host:port` or `[ipv6]:port`.
+    ///
+    /// # Errors
+    /// [`InvalidInput::Endpoint`] when there is no port, the port is not a number from 1 to
+    /// 65535, or the host is invalid.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        let bad = |why| InvalidInput::Endpoint {
+            endpoint: truncate_for_display(s),
+            why,
+        };
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| bad("expected HOST:PORT, e.g. 10.0.0.7:8080"))?;
+        if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+            return Err(bad("write an IPv6 address in brackets, e.g. [::1]:8080"));
+        }
+        let port: u16 = port
+            .parse()
+            .map_err(|_| bad("the port is not a number from 1 to 65535"))?;
+        Self::new(host, port)
+    }
+
+    /// The host name or IP address (IPv6 without brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn validate(&self) -> Result<(), InvalidInput> {
+        Self::new(&self.host, self.port).map(|_| ())
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A service instance's metadata: a small, bounded map of strings.
+pub type Metadata = BTreeMap<String, String>;
+
+/// Checks metadata against the limits ([`MAX_META_PAIRS`], [`MAX_META_BYTES`],
+/// [`MAX_META_KEY_LEN`]; keys non-empty and free of control characters).
+///
+/// # Errors
+/// [`InvalidInput::Metadata`] naming the limit that was exceeded.
+pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
+    let bad = |why: String| Err(InvalidInput::Metadata { why });
+    if meta.len() > MAX_META_PAIRS {
+        return bad(format!(
+            "{} pairs, more than the {MAX_META_PAIRS} allowed",
+            meta.len()
+        ));
+    }
+    let bytes: usize = meta.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_META_BYTES {
+        return bad(format!("{bytes} bytes, more than the {MAX_META_BYTES} allowed"));
+    }
+    for k in meta.keys() {
+        if k.is_empty() || k.len() > MAX_META_KEY_LEN || k.chars().any(|c| c.is_control() || c == '=') {
+            return bad(format!(
+                "key {:?} must be 1-{MAX_META_KEY_LEN} bytes without '=' or control characters",
+                truncate_for_display(k)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One provider's registration of one service: the value of a last-writer-wins register.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// Where the instance listens.
+    pub endpoint: Endpoint,
+    /// Its metadata.
+    pub meta: Metadata,
+    /// When it was written; the register's winner is the greatest `(written, dot)`.
+    pub written: Hlc,
+    /// The provider's lease this was written under. Once that lease has been collected and
+    /// no newer one has arrived, the registration is collected too (see `Replica::expire`).
+    pub lease_dot: Dot,
+}
+
+impl Registration {
+    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        self.endpoint.validate()?;
+        validate_metadata(&self.meta)
+    }
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{:?}", self.endpoint, self.written)?;
+        if !self.meta.is_empty() {
+            write!(f, "{:?}", self.meta)?;
+        }
+        Ok(())
+    }
+}
+
+/// A provider's lease: all of its registrations live while it does.
+///
+/// The deadline travels inside the value (`issued + ttl`) and every node judges it against
+/// its own clock, so a stale copy delivered late cannot restart a lease that has ended.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// When the lease was issued or last renewed.
+    pub issued: Hlc,
+    /// How long it lasts from `issued`, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Lease {
+    /// Makes a lease.
+    ///
+    /// # Errors
+    /// [`InvalidInput::LeaseTtl`] when `ttl_ms` is outside
+    /// [`MIN_LEASE_TTL_MS`]..=[`MAX_LEASE_TTL_MS`].
+    pub fn new(issued: Hlc, ttl_ms: u64) -> Result<Self, InvalidInput> {
+        if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
+            return Err(InvalidInput::LeaseTtl { ttl_ms });
+        }
+        Ok(Self { issued, ttl_ms })
+    }
+
+    /// The wall time (milliseconds since the epoch) at which the lease ends.
+    pub fn deadline_ms(&self) -> u64 {
+        self.issued.millis().saturating_add(self.ttl_ms)
+    }
+
+    /// Whether the lease is still running at `now_ms`.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.deadline_ms()
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        Self::new(self.issued, self.ttl_ms).map(|_| ())
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lease({:?}+{}ms)", self.issued, self.ttl_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_v4_v6_and_names() {
+        assert_eq!(
+            Endpoint::parse("10.0.0.7:8080").unwrap().to_string(),
+            "10.0.0.7:8080"
+        );
+        let v6 = Endpoint::parse("[::1]:53").unwrap();
+        assert_eq!((v6.host(), v6.port()), ("::1", 53));
+        assert_eq!(v6.to_string(), "[::1]:53");
+        assert_eq!(Endpoint::parse("db.local:5432").unwrap().host(), "db.local");
+        for bad in ["nohost", "::1:53", "a:0", "a:70000", ":80", "a b:80", "a:-1"] {
+            assert!(Endpoint::parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn metadata_limits_are_named() {
+        let mut m = Metadata::new();
+        for i in 0..64 {
+            m.insert(format!("k{i}"), "v".into());
+        }
+        validate_metadata(&m).unwrap();
+        m.insert("one-too-many".into(), "v".into());
+        assert!(validate_metadata(&m)
+            .unwrap_err()
+            .to_string()
+            .contains("65 pairs"));
+        let big: Metadata = [("k".to_string(), "v".repeat(4096))].into();
+        assert!(validate_metadata(&big)
+            .unwrap_err()
+            .to_string()
+            .contains("4097 bytes"));
+        let eq: Metadata = [("a=b".to_string(), String::new())].into();
+        assert!(validate_metadata(&eq).is_err());
+    }
+
+    #[test]
+    fn lease_ttl_is_bounded_so_no_lease_lasts_forever() {
+        assert!(Lease::new(Hlc::new(0, 0), 99).is_err());
+        assert!(Lease::new(Hlc::new(0, 0), MAX_LEASE_TTL_MS + 1).is_err());
+        let l = Lease::new(Hlc::new(1_000, 7), 500).unwrap();
+        assert_eq!(l.deadline_ms(), 1_500);
+        assert!(l.is_live(1_499) && !l.is_live(1_500));
+    }
+}

@@ -1,0 +1,19 @@
+//! roster's integration tests: one test binary, one module per area.
+//!
+//! Property tests are seeded: each prints its seed on stderr, and `ROSTER_PROP_SEED=N`
+//! replays one. A failing seed, or the shrunk schedule quickcheck prints, becomes a named
+//! regression test in the module it came from.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a test failure with a backtrace
+
+/// Shared helpers: seeded runs and the schedule simulator the registry properties use.
+mod support;
+
+/// The CRDT laws and the registry's semantic properties, over reachable states.
+mod registry_props;
+
+/// The encoding: round trips, golden vectors, and refusal of bad bytes.
+mod registry_codec;
+
+/// Size stays bounded by live services however long the churn.
+mod registry_size;

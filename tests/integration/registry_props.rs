@@ -1,0 +1,418 @@
+//! The CRDT laws and the registry's semantic properties, checked over reachable states:
+//! states built by random schedules of writes, expiries and faulty deliveries, never from
+//! arbitrary structs (which could be states no replica can reach).
+
+use std::collections::BTreeMap;
+
+use quickcheck::TestResult;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use roster_registry::{Replica, ReplicaId, State};
+
+use crate::support::{check, provider, Op, Rules, Schedule, Sim};
+
+const CASES: u64 = 2_000;
+
+/// The final states of three replicas after a schedule.
+fn three_states(schedule: &Schedule) -> (State, State, State) {
+    let sim = Sim::run(Rules::default(), schedule);
+    let s = |i: usize| sim.replicas[i].state().clone();
+    (s(0), s(1), s(2))
+}
+
+fn join(a: &State, b: &State) -> State {
+    let mut out = a.clone();
+    out.join(b.clone());
+    out
+}
+
+#[test]
+fn join_is_idempotent() {
+    check(
+        "join_is_idempotent",
+        CASES,
+        (|s: Schedule| {
+            let (x, _, _) = three_states(&s);
+            let report = x.clone().join(x.clone());
+            join(&x, &x) == x && !report.changed()
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn join_is_commutative() {
+    check(
+        "join_is_commutative",
+        CASES,
+        (|s: Schedule| {
+            let (x, y, _) = three_states(&s);
+            join(&x, &y) == join(&y, &x)
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn join_is_associative() {
+    check(
+        "join_is_associative",
+        CASES,
+        (|s: Schedule| {
+            let (x, y, z) = three_states(&s);
+            join(&join(&x, &y), &z) == join(&x, &join(&y, &z))
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn a_mutation_equals_the_join_of_its_delta() {
+    // `Sim::publish` asserts m(X) = X ⊔ mδ(X) at every mutation when asked to.
+    check(
+        "a_mutation_equals_the_join_of_its_delta",
+        CASES,
+        (|s: Schedule| {
+            let rules = Rules {
+                check_mutators: true,
+                ..Rules::default()
+            };
+            Sim::run(rules, &s);
+            true
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn deltas_in_any_order_and_duplicated_equal_the_full_join() {
+    check(
+        "deltas_in_any_order_and_duplicated_equal_the_full_join",
+        CASES,
+        (|s: Schedule, order: u64| {
+            let sim = Sim::run(Rules::default(), &s);
+            let mut full = State::new();
+            for r in &sim.replicas {
+                full.join(r.state().clone());
+            }
+            let mut rng = SmallRng::seed_from_u64(order);
+            let mut deltas = sim.minted.clone();
+            let dups: Vec<State> = deltas.iter().filter(|_| rng.random_bool(0.3)).cloned().collect();
+            deltas.extend(dups);
+            deltas.shuffle(&mut rng);
+            let mut folded = State::new();
+            for d in deltas {
+                folded.join(d);
+            }
+            folded == full
+        }) as fn(Schedule, u64) -> bool,
+    );
+}
+
+#[test]
+fn a_single_replica_matches_a_btreemap_model() {
+    check(
+        "a_single_replica_matches_a_btreemap_model",
+        CASES,
+        (|s: Schedule| {
+            use crate::support::{endpoint, meta, service};
+            let (ttl, grace) = (5_000u64, 1_000u64);
+            let mut r = Replica::new(ReplicaId(7));
+            let mut clock = roster_registry::HlcClock::new();
+            let mut now = 1_000_000u64;
+            // The model: registrations by key, and each provider's lease deadline.
+            let mut regs = BTreeMap::new();
+            let mut deadline: BTreeMap<_, u64> = BTreeMap::new();
+            for op in &s.0 {
+                match *op {
+                    Op::Register {
+                        service: sv,
+                        provider: p,
+                        port,
+                        meta: m,
+                        ..
+                    } => {
+                        let hlc = clock.tick(now);
+                        r.register(service(sv), provider(p), endpoint(port), meta(m), ttl, hlc)
+                            .unwrap();
+                        regs.insert((service(sv), provider(p)), (endpoint(port), meta(m)));
+                        let d = deadline.entry(provider(p)).or_insert(0);
+                        if *d <= now {
+                            *d = now + ttl;
+                        }
+                    }
+                    Op::Deregister {
+                        service: sv,
+                        provider: p,
+                        ..
+                    } => {
+                        r.deregister(service(sv), provider(p), now);
+                        regs.remove(&(service(sv), provider(p)));
+                    }
+                    Op::Renew { provider: p, .. } => {
+                        let hlc = clock.tick(now);
+                        r.renew(provider(p), ttl, hlc).unwrap();
+                        deadline.insert(provider(p), now + ttl);
+                    }
+                    Op::Expire { .. } => {
+                        r.expire(now, grace);
+                        let ended: Vec<_> = deadline
+                            .iter()
+                            .filter(|(_, &d)| d + grace <= now)
+                            .map(|(p, _)| p.clone())
+                            .collect();
+                        for p in ended {
+                            deadline.remove(&p);
+                            regs.retain(|(_, rp), _| rp != &p);
+                        }
+                    }
+                    Op::Tick { ms } => now += u64::from(ms),
+                    _ => {}
+                }
+                // After every step, a read of each service equals the model's.
+                for i in 0..3u8 {
+                    let sv = service(i);
+                    let got: Vec<_> = r
+                        .instances(&sv, now)
+                        .map(|x| {
+                            (
+                                x.provider.clone(),
+                                x.registration.endpoint.clone(),
+                                x.registration.meta.clone(),
+                            )
+                        })
+                        .collect();
+                    let want: Vec<_> = regs
+                        .iter()
+                        .filter(|((rs, rp), _)| rs == &sv && deadline.get(rp).is_some_and(|&d| now < d))
+                        .map(|((_, rp), (e, m))| (rp.clone(), e.clone(), m.clone()))
+                        .collect();
+                    if got != want {
+                        return TestResult::error(format!("at {now}: {sv} shows {got:?}, model {want:?}"));
+                    }
+                }
+                let counts: usize = r.services(now).iter().map(|(_, n)| n).sum();
+                let want: usize = regs
+                    .keys()
+                    .filter(|(_, p)| deadline.get(p).is_some_and(|&d| now < d))
+                    .count();
+                if counts != want {
+                    return TestResult::error(format!("services() counts {counts}, model {want}"));
+                }
+            }
+            TestResult::passed()
+        }) as fn(Schedule) -> TestResult,
+    );
+}
+
+#[test]
+fn no_live_registration_is_lost_under_loss_duplication_reordering_and_one_sync() {
+    check(
+        "no_live_registration_is_lost",
+        CASES,
+        (|s: Schedule| {
+            // Owners write their own providers; leases outlast the run, so the owners' last
+            // writes are exactly what every replica must show after one sync round.
+            let rules = Rules {
+                owner_only: true,
+                lease_ttl_ms: 3_600_000,
+                ..Rules::default()
+            };
+            let mut sim = Sim::run(rules, &s);
+            sim.converge();
+            let want: BTreeMap<_, _> = sim
+                .model
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .collect();
+            for r in 0..sim.replicas.len() {
+                let got = sim.visible(r);
+                if got != want {
+                    return TestResult::error(format!("replica {r} shows {got:?}, owners wrote {want:?}"));
+                }
+            }
+            TestResult::passed()
+        }) as fn(Schedule) -> TestResult,
+    );
+}
+
+#[test]
+fn nothing_deregistered_or_expired_comes_back_from_a_late_delta_or_a_stale_state() {
+    check(
+        "nothing_comes_back",
+        CASES,
+        (|s: Schedule| {
+            let mut sim = Sim::run(Rules::default(), &s);
+            sim.converge();
+            // Everything minted or captured earlier is included in the converged state, so
+            // joining any of it late is a no-op: no removed dot returns.
+            let converged = sim.replicas[0].state().clone();
+            let now = sim.now_ms;
+            let before = sim.visible(0);
+            let mut late = sim.replicas[0].clone();
+            for d in sim.minted.iter().chain(&sim.snapshots) {
+                let (report, changes) = late.apply(d.clone(), now);
+                if report.changed() || !changes.is_empty() {
+                    return TestResult::error(format!("a late state changed the replica: {changes:?}"));
+                }
+            }
+            if late.state() != &converged || sim.visible(0) != before {
+                return TestResult::error("late joins changed the converged state");
+            }
+            TestResult::passed()
+        }) as fn(Schedule) -> TestResult,
+    );
+}
+
+#[test]
+fn an_expired_provider_stays_gone_when_its_old_lease_arrives_late() {
+    check(
+        "expired_provider_stays_gone",
+        CASES,
+        (|s: Schedule| {
+            let mut sim = Sim::run(Rules::default(), &s);
+            sim.converge();
+            let old = sim.replicas[0].state().clone();
+            // Every lease ends; one replica collects; the collection spreads.
+            sim.now_ms += Rules::default().lease_ttl_ms + Rules::default().grace_ms + 1;
+            sim.step(&Op::Expire { at: 1 });
+            sim.converge();
+            for r in 0..sim.replicas.len() {
+                if sim.replicas[r].state().lease_count() != 0
+                    || sim.replicas[r].state().registration_count() != 0
+                {
+                    return TestResult::error(format!("replica {r} kept expired entries"));
+                }
+                // A stale full state from before the expiry arrives late.
+                let (_, changes) = sim.replicas[r].apply(old.clone(), sim.now_ms);
+                if !changes.is_empty() || !sim.replicas[r].state().is_store_empty() {
+                    return TestResult::error(format!("replica {r}: a stale state revived {changes:?}"));
+                }
+            }
+            TestResult::passed()
+        }) as fn(Schedule) -> TestResult,
+    );
+}
+
+#[test]
+fn after_convergence_the_cloud_is_empty_and_the_context_has_one_entry_per_writer() {
+    check(
+        "converged_context_is_compact",
+        CASES,
+        (|s: Schedule| {
+            let mut sim = Sim::run(Rules::default(), &s);
+            sim.converge();
+            let writers: std::collections::BTreeSet<_> = sim
+                .minted
+                .iter()
+                .flat_map(|d| {
+                    d.context()
+                        .vector()
+                        .map(|(r, _)| r)
+                        .chain(d.context().cloud().map(|d| d.actor))
+                })
+                .collect();
+            sim.replicas.iter().all(|r| {
+                r.context().cloud_len() == 0
+                    && r.context().vector_len() == writers.len()
+                    && writers.len() <= sim.replicas.len()
+            }) && sim.replicas.windows(2).all(|w| w[0].state() == w[1].state())
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn an_elided_sync_equals_a_full_join() {
+    check(
+        "an_elided_sync_equals_a_full_join",
+        CASES,
+        (|s: Schedule| {
+            let sim = Sim::run(Rules::default(), &s);
+            let (a, b) = (&sim.replicas[0], &sim.replicas[1]);
+            let mut via_full = b.clone();
+            via_full.apply(a.state().clone(), sim.now_ms);
+            let mut via_elided = b.clone();
+            let e = a.elide_for(b.context());
+            let (_, changes_e) = via_elided.apply_elided(e, sim.now_ms).unwrap();
+            let (_, changes_f) = b.clone().apply(a.state().clone(), sim.now_ms);
+            via_full.state() == via_elided.state() && changes_e == changes_f
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+/// What a watcher sees of an instance: everything but its lease deadline.
+fn seen(i: roster_registry::Instance) -> roster_registry::Instance {
+    roster_registry::Instance {
+        lease_deadline_ms: 0,
+        ..i
+    }
+}
+
+#[test]
+fn join_reports_exactly_the_visible_changes() {
+    // Each change a join reports is real (the read differs), and each real difference is
+    // reported: watches are fed from these reports. A renewal moves a lease deadline but is
+    // no change to a watcher, so deadlines are left out of the comparison.
+    check(
+        "join_reports_exactly_the_visible_changes",
+        CASES,
+        (|s: Schedule| {
+            let sim = Sim::run(Rules::default(), &s);
+            let mut b = sim.replicas[1].clone();
+            let now = sim.now_ms;
+            let mut before = BTreeMap::new();
+            for i in 0..3u8 {
+                let sv = crate::support::service(i);
+                for x in b.instances(&sv, now) {
+                    before.insert((x.service.clone(), x.provider.clone()), seen(x.to_owned()));
+                }
+            }
+            let (_, changes) = b.apply(sim.replicas[0].state().clone(), now);
+            let mut after = before.clone();
+            for c in &changes {
+                match c {
+                    roster_registry::Change::Up(i) => {
+                        after.insert((i.service.clone(), i.provider.clone()), seen(i.clone()));
+                    }
+                    roster_registry::Change::Down { service, provider } => {
+                        after.remove(&(service.clone(), provider.clone()));
+                    }
+                }
+            }
+            let mut actual = BTreeMap::new();
+            for i in 0..3u8 {
+                let sv = crate::support::service(i);
+                for x in b.instances(&sv, now) {
+                    actual.insert((x.service.clone(), x.provider.clone()), seen(x.to_owned()));
+                }
+            }
+            after == actual
+        }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn renewal_cost_does_not_grow_with_the_number_of_services() {
+    let r = Replica::new(ReplicaId(1));
+    let mut clock = roster_registry::HlcClock::new();
+    let p = provider(0);
+    let mut sizes = Vec::new();
+    for n in [1usize, 10, 100] {
+        let mut r2 = r.clone();
+        for i in 0..n {
+            let name = roster_registry::ServiceName::new(&format!("svc-{i}")).unwrap();
+            r2.register(
+                name,
+                p.clone(),
+                crate::support::endpoint(80),
+                Default::default(),
+                10_000,
+                clock.tick(1_000),
+            )
+            .unwrap();
+        }
+        let delta = r2.renew(p.clone(), 10_000, clock.tick(2_000)).unwrap().delta;
+        sizes.push(roster_registry::codec::encode_state(&delta).len());
+    }
+    assert!(
+        sizes.windows(2).all(|w| w[0] == w[1]),
+        "renewal delta sizes {sizes:?} grow with services"
+    );
+}

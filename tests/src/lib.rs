@@ -1,0 +1,1 @@
+//! Integration tests live in `integration/`; this crate has no library code.
