@@ -10,7 +10,10 @@ fn main() {
             println!("roster {}", env!("CARGO_PKG_VERSION"));
         }
         Some("--help") | Some("-h") | Some("help") => {
-            println!("roster {}: a replicated service registry", env!("CARGO_PKG_VERSION"));
+            println!(
+                "roster {}: a replicated service registry",
+                env!("CARGO_PKG_VERSION")
+            );
             println!("usage: roster --version");
             println!("The agent and the query commands are not built yet; see README.md.");
         }

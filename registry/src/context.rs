@@ -6,19 +6,35 @@
 //! from the cloud into the vector, so after convergence the cloud is empty and the context
 //! is one counter per replica.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crdts::VClock;
 use serde::{Deserialize, Serialize};
 
 use crate::error::InvalidState;
+use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ReplicaId};
 
-/// A causal context: a version vector and a dot cloud. Also the registry's digest.
+/// A causal context: a version vector, a dot cloud, and the retired replicas. Also the
+/// registry's digest.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CausalContext {
     vv: VClock<ReplicaId>,
     cloud: BTreeSet<Dot>,
+    retired: BTreeMap<ReplicaId, Retirement>,
+}
+
+/// A retired replica: all its dots up to `counter` count as seen and are never stored.
+///
+/// Retiring a replica that is gone for good replaces its version-vector entry with this
+/// record, which every replica forgets once it is older than the longest a message may
+/// travel ([`CausalContext::forget_retired`]); so the context stays bounded by live nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Retirement {
+    /// Every dot of the replica up to this counter is retired.
+    pub counter: u64,
+    /// When it was retired.
+    pub at: Hlc,
 }
 
 impl std::fmt::Debug for CausalContext {
@@ -26,6 +42,7 @@ impl std::fmt::Debug for CausalContext {
         f.debug_struct("CausalContext")
             .field("vv", &self.vv.dots)
             .field("cloud", &self.cloud)
+            .field("retired", &self.retired)
             .finish()
     }
 }
@@ -46,9 +63,15 @@ impl CausalContext {
         ctx
     }
 
+    /// Every counter of `replica` up to this one has been seen (by the vector, or retired).
+    fn base(&self, replica: &ReplicaId) -> u64 {
+        let retired = self.retired.get(replica).map_or(0, |r| r.counter);
+        self.vv.get(replica).max(retired)
+    }
+
     /// Whether the context has seen `d`.
     pub fn contains(&self, d: &Dot) -> bool {
-        d.counter <= self.vv.get(&d.actor) || self.cloud.contains(d)
+        d.counter <= self.base(&d.actor) || self.cloud.contains(d)
     }
 
     /// The greatest counter seen from `replica` (0 if none).
@@ -58,7 +81,54 @@ impl CausalContext {
             .range(dot(replica, 0)..=dot(replica, u64::MAX))
             .next_back()
             .map_or(0, |d| d.counter);
-        self.vv.get(&replica).max(in_cloud)
+        self.base(&replica).max(in_cloud)
+    }
+
+    /// Every range `1..=n` of one replica's counters that this context has seen whole: the
+    /// version vector's entries, then the retirements.
+    pub fn ranges(&self) -> impl Iterator<Item = (ReplicaId, u64)> + '_ {
+        self.vector()
+            .chain(self.retired.iter().map(|(a, r)| (*a, r.counter)))
+    }
+
+    /// The retired replicas.
+    pub fn retired(&self) -> impl Iterator<Item = (ReplicaId, Retirement)> + '_ {
+        self.retired.iter().map(|(r, x)| (*r, *x))
+    }
+
+    /// A context that retires `replica` up to `counter` (the context of a retiring delta).
+    pub fn retiring(replica: ReplicaId, counter: u64, at: Hlc) -> Self {
+        let mut ctx = Self::new();
+        if counter > 0 {
+            ctx.retired.insert(replica, Retirement { counter, at });
+        }
+        ctx
+    }
+
+    /// Forgets retirements made before `before`. A local clean-up, not a delta: every
+    /// replica forgets a retirement at about the same age, since its time travels with it.
+    /// Returns how many were forgotten.
+    pub fn forget_retired(&mut self, before: Hlc) -> usize {
+        let n = self.retired.len();
+        self.retired.retain(|_, r| r.at >= before);
+        n - self.retired.len()
+    }
+
+    /// Drops vector entries and cloud dots that a retirement covers.
+    fn normalize_retired(&mut self) {
+        for (a, r) in &self.retired {
+            if self.vv.get(a) <= r.counter {
+                self.vv.dots.remove(a);
+            }
+            let covered: Vec<Dot> = self
+                .cloud
+                .range(dot(*a, 0)..=dot(*a, r.counter))
+                .cloned()
+                .collect();
+            for d in covered {
+                self.cloud.remove(&d);
+            }
+        }
     }
 
     /// Adds one dot.
@@ -68,7 +138,7 @@ impl CausalContext {
     }
 
     fn insert_no_compact(&mut self, d: Dot) {
-        if d.counter > self.vv.get(&d.actor) {
+        if d.counter > self.base(&d.actor) {
             self.cloud.insert(d);
         }
     }
@@ -80,17 +150,29 @@ impl CausalContext {
                 self.vv.dots.insert(*actor, n);
             }
         }
+        for (a, r) in &other.retired {
+            let e = self.retired.entry(*a).or_insert(*r);
+            *e = (*e).max(*r);
+        }
+        self.normalize_retired();
         for d in &other.cloud {
             self.insert_no_compact(d.clone());
         }
         self.compact();
     }
 
-    /// Whether every dot of `other` is in this context.
+    /// Whether every dot of `other` is in this context, and every retirement too.
     pub fn includes(&self, other: &CausalContext) -> bool {
-        other.vv.dots.iter().all(|(a, &n)| {
-            n <= self.vv.get(a) || (self.vv.get(a) + 1..=n).all(|c| self.cloud.contains(&dot(*a, c)))
-        }) && other.cloud.iter().all(|d| self.contains(d))
+        let covers = |a: &ReplicaId, n: u64| {
+            let base = self.base(a);
+            n <= base || (base + 1..=n).all(|c| self.cloud.contains(&dot(*a, c)))
+        };
+        other.vv.dots.iter().all(|(a, &n)| covers(a, n))
+            && other.cloud.iter().all(|d| self.contains(d))
+            && other
+                .retired
+                .iter()
+                .all(|(a, r)| self.retired.get(a).is_some_and(|x| x >= r))
     }
 
     /// Moves dots from the cloud into the vector where they close a gap.
@@ -102,8 +184,8 @@ impl CausalContext {
     }
 
     fn compact_replica(&mut self, a: ReplicaId) {
-        let mut n = self.vv.get(&a);
-        let start = n;
+        let base = self.base(&a);
+        let mut n = base;
         loop {
             let first = self.cloud.range(dot(a, 0)..=dot(a, u64::MAX)).next().cloned();
             match first {
@@ -114,7 +196,7 @@ impl CausalContext {
                 _ => break,
             }
         }
-        if n > start {
+        if n > base {
             self.vv.dots.insert(a, n);
         }
     }
@@ -141,7 +223,7 @@ impl CausalContext {
 
     /// Whether nothing has been seen.
     pub fn is_empty(&self) -> bool {
-        self.vv.dots.is_empty() && self.cloud.is_empty()
+        self.vv.dots.is_empty() && self.cloud.is_empty() && self.retired.is_empty()
     }
 
     /// Checks the invariants a decoded context must hold: counters start at 1 and the cloud
@@ -154,8 +236,18 @@ impl CausalContext {
             if d.counter == 0 {
                 return Err(InvalidState::ZeroCounter(d.actor.to_string()));
             }
-            if d.counter <= self.vv.get(&d.actor) + 1 {
+            if d.counter <= self.base(&d.actor) + 1 {
                 return Err(InvalidState::CloudNotCompact(format!("{d}")));
+            }
+        }
+        for (a, r) in &self.retired {
+            if r.counter == 0 {
+                return Err(InvalidState::ZeroCounter(a.to_string()));
+            }
+            if self.vv.dots.get(a).is_some_and(|&n| n <= r.counter) {
+                return Err(InvalidState::CloudNotCompact(format!(
+                    "{a} is both counted and retired"
+                )));
             }
         }
         Ok(())

@@ -82,6 +82,9 @@ pub enum InvalidState {
     /// A key is present with no dots (the store keeps no empty keys).
     #[error("empty entry for {0}")]
     EmptyEntry(String),
+    /// A stored dot belongs to a replica the context retired.
+    #[error("dot {0} is stored but its replica is retired")]
+    RetiredDot(String),
     /// A dot has counter 0 (counters start at 1).
     #[error("dot with counter 0 from replica {0}")]
     ZeroCounter(String),
@@ -110,4 +113,25 @@ pub enum ElidedError {
     /// The rebuilt state breaks an invariant.
     #[error("elided state is invalid: {0}")]
     Invalid(#[from] InvalidState),
+}
+
+/// A replica could not be retired. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetireError {
+    /// A replica cannot retire itself.
+    #[error("a replica cannot retire itself")]
+    Itself,
+    /// The store still holds dots the replica minted: its writes are still live here.
+    #[error(
+        "replica {replica} still has {dots} live entries here; retire it only after its writes are gone"
+    )]
+    StillHolds {
+        /// The replica.
+        replica: String,
+        /// How many of its dots are stored.
+        dots: usize,
+    },
+    /// Nothing of that replica was ever seen.
+    #[error("replica {0} was never seen here; nothing to retire")]
+    Unknown(String),
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use crate::context::CausalContext;
-use crate::error::{ElidedError, InvalidInput};
+use crate::error::{ElidedError, InvalidInput, RetireError};
 use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
 use crate::state::{Elided, JoinReport, RegKey, State};
@@ -275,6 +275,40 @@ impl Replica {
             }
         }
         (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+    }
+
+    /// Retires `replica`, a node gone for good: its version-vector entry becomes a
+    /// retirement record, and its dots, should any arrive late, are dropped on arrival.
+    ///
+    /// The caller decides when a node is gone for good (its own lease ended longer ago than
+    /// any lease and message can last); this checks only what the state can tell.
+    ///
+    /// # Errors
+    /// [`RetireError`] when `replica` is this replica, was never seen, or still has
+    /// entries stored here. Nothing is changed.
+    pub fn retire(&mut self, replica: ReplicaId, now: Hlc) -> Result<Applied, RetireError> {
+        if replica == self.id {
+            return Err(RetireError::Itself);
+        }
+        let counter = self.state.ctx.max_counter(replica);
+        if counter == 0 {
+            return Err(RetireError::Unknown(replica.to_string()));
+        }
+        let dots = self.state.dots_of(replica);
+        if dots > 0 {
+            return Err(RetireError::StillHolds {
+                replica: replica.to_string(),
+                dots,
+            });
+        }
+        let delta = State::new().with_context(CausalContext::retiring(replica, counter, now));
+        Ok(self.apply_own(delta, now.millis()))
+    }
+
+    /// Forgets retirement records made before `before` (see
+    /// [`CausalContext::forget_retired`]). Returns how many were forgotten.
+    pub fn forget_retired(&mut self, before: Hlc) -> usize {
+        self.state.ctx.forget_retired(before)
     }
 
     /// The earliest lease deadline after `now_ms`, if any: when a read's answer will next

@@ -217,7 +217,7 @@ impl State {
             Slot::Reg(k) => regs.push(k.clone()),
             Slot::Lease(p) => leases.push(p.clone()),
         };
-        for (replica, n) in ctx.vector() {
+        for (replica, n) in ctx.ranges() {
             self.index
                 .range(dot(replica, 1)..=dot(replica, n))
                 .for_each(|(_, s)| note(s));
@@ -251,7 +251,7 @@ impl State {
         };
         // 1. Removals: our dots that `other` has seen but no longer stores.
         let mut removed = Vec::new();
-        for (replica, n) in other.ctx.vector() {
+        for (replica, n) in other.ctx.ranges() {
             for (d, slot) in self.index.range(dot(replica, 1)..=dot(replica, n)) {
                 if !other.store_has(slot, d) {
                     removed.push(d.clone());
@@ -317,6 +317,9 @@ impl State {
             if !ctx.contains(d) {
                 return Err(InvalidState::DotNotInContext(format!("{d}")));
             }
+            if ctx.retired().any(|(r, x)| r == d.actor && d.counter <= x.counter) {
+                return Err(InvalidState::RetiredDot(format!("{d}")));
+            }
             if index.insert(d.clone(), slot).is_some() {
                 return Err(InvalidState::DuplicateDot(format!("{d}")));
             }
@@ -359,6 +362,11 @@ impl State {
             ctx: CausalContext::from_dots(dots),
             ..Self::default()
         }
+    }
+
+    /// How many stored dots `replica` minted.
+    pub(crate) fn dots_of(&self, replica: crate::id::ReplicaId) -> usize {
+        self.index.range(dot(replica, 1)..=dot(replica, u64::MAX)).count()
     }
 
     /// The dots of one registration.

@@ -113,6 +113,11 @@ pub enum Op {
         from: u8,
         to: u8,
     },
+    /// One replica retires another (refused while it holds that replica's entries).
+    Retire {
+        at: u8,
+        replica: u8,
+    },
 }
 
 impl Arbitrary for Op {
@@ -143,6 +148,10 @@ impl Arbitrary for Op {
             12 => Op::Duplicate { pick: u(g) },
             13 => Op::Drop { pick: u(g) },
             14 => Op::Sync { from: u(g), to: u(g) },
+            15 if u8::arbitrary(g) % 4 == 0 => Op::Retire {
+                at: u(g),
+                replica: u(g),
+            },
             _ => Op::SyncElided { from: u(g), to: u(g) },
         }
     }
@@ -172,6 +181,9 @@ pub struct Rules {
     pub grace_ms: u64,
     /// Check `m(X) = X ⊔ mδ(X)` at every mutation.
     pub check_mutators: bool,
+    /// Carry out `Retire` steps (a retired replica that writes again loses the writes it
+    /// made before, so properties about owners' writes turn this off).
+    pub retire: bool,
 }
 
 impl Default for Rules {
@@ -181,6 +193,7 @@ impl Default for Rules {
             lease_ttl_ms: 5_000,
             grace_ms: 1_000,
             check_mutators: false,
+            retire: true,
         }
     }
 }
@@ -327,6 +340,18 @@ impl Sim {
                 self.replicas[to]
                     .apply_elided(e, self.now_ms)
                     .expect("an elided state made against the receiver's own digest joins");
+            }
+            Op::Retire { at, replica } => {
+                let r = usize::from(at) % n;
+                if !self.rules.retire {
+                    return;
+                }
+                let now = self.tick(r);
+                let target = self.replicas[usize::from(replica) % n].id();
+                let before = self.replicas[r].state().clone();
+                if let Ok(applied) = self.replicas[r].retire(target, now) {
+                    self.publish(r, before, applied.delta);
+                }
             }
         }
     }
