@@ -73,11 +73,6 @@ impl ServiceName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The empty name, which sorts before every valid one: a range bound, never stored.
-    pub(crate) fn sentinel_min() -> Self {
-        Self(Arc::from(""))
-    }
 }
 
 fn validate_service_name(name: &str) -> Result<(), &'static str> {

@@ -31,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod codec;
 mod context;
@@ -38,6 +39,7 @@ mod dotfun;
 mod error;
 mod hlc;
 mod id;
+mod meta;
 mod replica;
 mod state;
 mod value;
@@ -48,9 +50,10 @@ pub use hlc::{ClockSkew, Hlc, HlcClock, MAX_MILLIS};
 pub use id::{
     dot, Dot, ProviderId, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN, MAX_SERVICE_NAME_LEN,
 };
+pub use meta::Metadata;
 pub use replica::{Applied, Change, Instance, InstanceRef, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use value::{
-    validate_metadata, Endpoint, Lease, Metadata, Registration, MAX_HOST_LEN, MAX_LEASE_TTL_MS,
-    MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
+    validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN, MAX_LEASE_TTL_MS, MAX_META_BYTES,
+    MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
 };

@@ -5,14 +5,15 @@
 //! so the caller can ship the delta as is. Reads take `now_ms` and hide what has expired at
 //! once; [`Replica::expire`] only collects it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::context::CausalContext;
 use crate::error::{ElidedError, InvalidInput, RetireError};
 use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
+use crate::meta::Metadata;
 use crate::state::{Elided, JoinReport, RegKey, State};
-use crate::value::{validate_metadata, Endpoint, Lease, Metadata, Registration};
+use crate::value::{validate_metadata, Endpoint, Lease, Registration};
 
 /// One node's replica of the registry.
 #[derive(Clone, Debug)]
@@ -177,7 +178,7 @@ impl Replica {
         let lease = Lease::new(now, lease_ttl_ms)?;
         let key = RegKey { service, provider };
         let mut seen = self.state.reg_dots(&key);
-        let mut delta = State::new();
+        let mut delta = State::new_delta();
         let current = self
             .state
             .lease(&key.provider)
@@ -218,33 +219,23 @@ impl Replica {
         let mut seen = self.state.lease_dots(&provider);
         let d = self.mint();
         seen.push(d.clone());
-        let mut delta = State::new();
+        let mut delta = State::new_delta();
         delta.insert_lease(provider, d, lease);
         Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
     }
 
     /// Removes `provider`'s instance of `service`. `None` when there is nothing to remove.
     pub fn deregister(&mut self, service: ServiceName, provider: ProviderId, now_ms: u64) -> Option<Applied> {
-        let dots = self.state.reg_dots(&RegKey { service, provider });
-        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+        let key = RegKey { service, provider };
+        let dots = self.state.reg_dots(&key);
+        (!dots.is_empty())
+            .then(|| self.apply_own(State::removal(dots, [key].into(), BTreeSet::new()), now_ms))
     }
 
     /// Removes a provider entirely: its lease and all its registrations (a graceful exit).
     /// `None` when the provider holds nothing.
     pub fn deregister_provider(&mut self, provider: &ProviderId, now_ms: u64) -> Option<Applied> {
-        let dots = self.provider_dots(provider);
-        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
-    }
-
-    fn provider_dots(&self, provider: &ProviderId) -> Vec<Dot> {
-        let mut dots = self.state.lease_dots(provider);
-        for s in self.state.services_of(provider) {
-            dots.extend(self.state.reg_dots(&RegKey {
-                service: s.clone(),
-                provider: provider.clone(),
-            }));
-        }
-        dots
+        self.remove_providers([provider.clone()].into(), false, now_ms)
     }
 
     /// Collects every provider whose lease ended more than `grace_ms` before `now_ms`, with
@@ -255,26 +246,49 @@ impl Replica {
     /// and a concurrent renewal (a new dot) survives it. The grace must be at least the
     /// clock skew allowed between nodes. `None` when nothing has expired.
     pub fn expire(&mut self, now_ms: u64, grace_ms: u64) -> Option<Applied> {
+        let ended: BTreeSet<ProviderId> = self
+            .state
+            .leases
+            .iter()
+            .filter(|(_, f)| {
+                f.winner(|l| l.issued)
+                    .is_some_and(|(_, l)| l.deadline_ms().saturating_add(grace_ms) <= now_ms)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.remove_providers(ended, true, now_ms)
+    }
+
+    /// Removes the leases and registrations of `providers`, and with `orphans` also every
+    /// registration whose provider holds no lease here although this replica has seen the
+    /// lease it was written under: that lease was collected by a sweep that did not know of
+    /// the registration (written concurrently). One whose lease has not arrived yet stays.
+    fn remove_providers(
+        &mut self,
+        providers: BTreeSet<ProviderId>,
+        orphans: bool,
+        now_ms: u64,
+    ) -> Option<Applied> {
         let mut dots = Vec::new();
-        for (p, f) in &self.state.leases {
-            let ended = f
-                .winner(|l| l.issued)
-                .is_some_and(|(_, l)| l.deadline_ms().saturating_add(grace_ms) <= now_ms);
-            if ended {
-                dots.extend(self.provider_dots(p));
+        let mut leases = BTreeSet::new();
+        for p in providers.iter() {
+            let ds = self.state.lease_dots(p);
+            if !ds.is_empty() {
+                dots.extend(ds);
+                leases.insert(p.clone());
             }
         }
-        // A registration whose provider holds no lease here, written under a lease this
-        // replica has seen and no longer stores, lost its lease to a collection that did
-        // not know of it (it was written concurrently): collect it too. One whose lease has
-        // not arrived yet is left alone.
+        let mut regs = BTreeSet::new();
         for (key, f) in &self.state.regs {
-            let lease_gone = f.iter().all(|(_, r)| self.state.ctx.contains(&r.lease_dot));
-            if lease_gone && self.state.lease(&key.provider).is_none() {
+            let orphaned = orphans
+                && self.state.lease(&key.provider).is_none()
+                && f.iter().all(|(_, r)| self.state.ctx.contains(&r.lease_dot));
+            if orphaned || providers.contains(&key.provider) {
                 dots.extend(f.dots().cloned());
+                regs.insert(key.clone());
             }
         }
-        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots), now_ms))
+        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots, regs, leases), now_ms))
     }
 
     /// Retires `replica`, a node gone for good: its version-vector entry becomes a
@@ -350,20 +364,28 @@ impl Replica {
     }
 
     fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
-        // The registrations whose visibility the join may change: the delta's own keys, ours
-        // that its context covers, and every registration of a provider whose lease it
-        // touches. Their visible dots before the join are compared with those after.
-        let mut candidates: BTreeSet<RegKey> = delta.regs.keys().cloned().collect();
-        let (covered_regs, mut lease_providers) = self.state.slots_covered_by(&delta.ctx);
-        candidates.extend(covered_regs);
-        lease_providers.extend(delta.leases.keys().cloned());
-        for p in &lease_providers {
-            candidates.extend(self.state.services_of(p).map(|s| RegKey {
-                service: s.clone(),
-                provider: p.clone(),
-            }));
-        }
-        let before: Vec<(RegKey, Option<Dot>)> = candidates
+        // What a read shows of a registration is its winning write, if its provider's lease
+        // is live. The join can change the winner only of the registrations it touches, and
+        // the liveness only of the leases it touches: note both before, compare after.
+        let (regs, leases) = State::keys_touched_by(&delta).unwrap_or_else(|| {
+            let regs = self.state.regs.keys().chain(delta.regs.keys()).cloned().collect();
+            let leases = self
+                .state
+                .leases
+                .keys()
+                .chain(delta.leases.keys())
+                .cloned()
+                .collect();
+            (regs, leases)
+        });
+        let live_before: Vec<(ProviderId, bool)> = leases
+            .into_iter()
+            .map(|p| {
+                let live = self.lease_live(&p, now_ms);
+                (p, live)
+            })
+            .collect();
+        let visible_before: BTreeMap<RegKey, Option<Dot>> = regs
             .into_iter()
             .map(|k| {
                 let v = self.visible(&k, now_ms).map(|i| i.dot.clone());
@@ -372,18 +394,43 @@ impl Replica {
             .collect();
         let report = self.state.join(delta);
         let mut changes = Vec::new();
-        for (k, was) in before {
-            match (was, self.visible(&k, now_ms)) {
-                (Some(a), Some(b)) if &a == b.dot => {}
+        for (k, was) in &visible_before {
+            match (was, self.visible(k, now_ms)) {
+                (Some(a), Some(b)) if a == b.dot => {}
                 (None, None) => {}
                 (_, Some(b)) => changes.push(Change::Up(b.to_owned())),
                 (Some(_), None) => changes.push(Change::Down {
-                    service: k.service,
-                    provider: k.provider,
+                    service: k.service.clone(),
+                    provider: k.provider.clone(),
                 }),
             }
         }
+        // Providers whose lease came alive or died: their other registrations (whose
+        // winners the join did not touch) appear or disappear with it.
+        let flipped: BTreeSet<ProviderId> = live_before
+            .into_iter()
+            .filter(|(p, was)| self.lease_live(p, now_ms) != *was)
+            .map(|(p, _)| p)
+            .collect();
+        if !flipped.is_empty() {
+            for (k, f) in &self.state.regs {
+                if !flipped.contains(&k.provider) || visible_before.contains_key(k) {
+                    continue;
+                }
+                changes.push(match self.live_instance(k, f, now_ms) {
+                    Some(i) => Change::Up(i.to_owned()),
+                    None => Change::Down {
+                        service: k.service.clone(),
+                        provider: k.provider.clone(),
+                    },
+                });
+            }
+        }
         (report, changes)
+    }
+
+    fn lease_live(&self, provider: &ProviderId, now_ms: u64) -> bool {
+        self.lease_of(provider).is_some_and(|l| l.is_live(now_ms))
     }
 
     /// The winning lease of a provider, live or not.

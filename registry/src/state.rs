@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::{ElidedError, InvalidState, MissingValue};
-use crate::id::{dot, Dot, ProviderId, ServiceName};
+use crate::id::{Dot, ProviderId, ServiceName};
 use crate::value::{Lease, Registration};
 
 /// The key of a registration: which provider offers which service.
@@ -29,30 +29,31 @@ pub struct RegKey {
     pub provider: ProviderId,
 }
 
-/// Where a dot lives in the store.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Slot {
-    Reg(RegKey),
-    Lease(ProviderId),
+/// The keys a delta's context may remove dots from, beyond the keys of its own store.
+///
+/// A join visits only these (and the delta's own keys) instead of every key it holds, so
+/// joining a small delta into a large replica costs `O(|delta| log |replica|)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Touched {
+    pub(crate) regs: BTreeSet<RegKey>,
+    pub(crate) leases: BTreeSet<ProviderId>,
 }
 
 /// A registry state, or a delta (a state of the same type).
 ///
-/// Besides the store and the context it keeps two derived indexes, never encoded: dot to
-/// slot (so a removal finds its key in `O(log n)`) and provider to services (so a lease
-/// change finds the registrations it governs).
+/// A delta also names the keys its context reaches into (`touched`), so a join visits only
+/// those. A full state names none (`None`): joining it visits every key. `None` is the
+/// safe default; equality and the lattice ignore the hint.
 #[derive(Clone, Default)]
 pub struct State {
     pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
     pub(crate) leases: BTreeMap<ProviderId, DotFun<Lease>>,
     pub(crate) ctx: CausalContext,
-    index: BTreeMap<Dot, Slot>,
-    by_provider: BTreeSet<(ProviderId, ServiceName)>,
+    pub(crate) touched: Option<Touched>,
 }
 
 impl PartialEq for State {
     fn eq(&self, other: &Self) -> bool {
-        // The indexes derive from the store, so equal stores have equal indexes.
         self.regs == other.regs && self.leases == other.leases && self.ctx == other.ctx
     }
 }
@@ -86,15 +87,44 @@ impl JoinReport {
     }
 }
 
-/// The sentinel that sorts before every valid service name (valid names are non-empty).
-fn min_service() -> ServiceName {
-    ServiceName::sentinel_min()
+/// Our dots in one dot function that `other` has seen but does not store: removals.
+fn removed_dots<V>(mine: &DotFun<V>, theirs: Option<&DotFun<V>>, their_ctx: &CausalContext) -> Vec<Dot> {
+    mine.dots()
+        .filter(|d| their_ctx.contains(d) && !theirs.is_some_and(|f| f.contains(d)))
+        .cloned()
+        .collect()
+}
+
+/// Removes dots from one dot function; drops the key if it empties.
+fn remove_from<K: Ord + Clone, V>(map: &mut BTreeMap<K, DotFun<V>>, key: &K, dots: &[Dot]) {
+    if let Some(f) = map.get_mut(key) {
+        for d in dots {
+            f.remove(d);
+        }
+        if f.is_empty() {
+            map.remove(key);
+        }
+    }
 }
 
 impl State {
-    /// The empty state.
+    /// The empty full state.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The empty delta: a state to join deltas into (a delta buffer). It stays a delta,
+    /// with cheap joins, as long as only deltas are joined into it.
+    pub fn new_delta() -> Self {
+        Self {
+            touched: Some(Touched::default()),
+            ..Self::default()
+        }
+    }
+
+    /// Whether this is a delta that names the keys it touches (see [`State::new_delta`]).
+    pub fn is_delta(&self) -> bool {
+        self.touched.is_some()
     }
 
     /// The causal context: every dot this state has seen. Also its digest.
@@ -119,7 +149,8 @@ impl State {
 
     /// How many dots the store holds.
     pub fn dot_count(&self) -> usize {
-        self.index.len()
+        self.regs.values().map(|f| f.dots().count()).sum::<usize>()
+            + self.leases.values().map(|f| f.dots().count()).sum::<usize>()
     }
 
     pub(crate) fn reg(&self, key: &RegKey) -> Option<&DotFun<Registration>> {
@@ -128,17 +159,6 @@ impl State {
 
     pub(crate) fn lease(&self, provider: &ProviderId) -> Option<&DotFun<Lease>> {
         self.leases.get(provider)
-    }
-
-    /// The services a provider has registrations for.
-    pub(crate) fn services_of<'a>(
-        &'a self,
-        provider: &'a ProviderId,
-    ) -> impl Iterator<Item = &'a ServiceName> + 'a {
-        self.by_provider
-            .range((provider.clone(), min_service())..)
-            .take_while(move |(p, _)| p == provider)
-            .map(|(_, s)| s)
     }
 
     /// The registrations of one service, in provider order.
@@ -155,23 +175,29 @@ impl State {
             .take_while(move |(k, _)| &k.service == service)
     }
 
+    /// The keys (registrations, then providers) a join with `other` may touch; `None` when
+    /// `other` is a full state and every key may be touched.
+    pub(crate) fn keys_touched_by(other: &State) -> Option<(BTreeSet<RegKey>, BTreeSet<ProviderId>)> {
+        let t = other.touched.as_ref()?;
+        let regs = t.regs.iter().chain(other.regs.keys()).cloned().collect();
+        let leases = t.leases.iter().chain(other.leases.keys()).cloned().collect();
+        Some((regs, leases))
+    }
+
     /// Inserts a dot into a registration; the caller guarantees the dot is new.
     pub(crate) fn insert_reg(&mut self, key: RegKey, d: Dot, v: Registration) {
-        self.index.insert(d.clone(), Slot::Reg(key.clone()));
         match self.regs.get_mut(&key) {
             Some(f) => {
                 f.insert(d, v);
             }
             None => {
-                self.by_provider
-                    .insert((key.provider.clone(), key.service.clone()));
                 self.regs.insert(key, DotFun::single(d, v));
             }
         }
     }
 
+    /// Inserts a dot into a provider's lease; the caller guarantees the dot is new.
     pub(crate) fn insert_lease(&mut self, provider: ProviderId, d: Dot, v: Lease) {
-        self.index.insert(d.clone(), Slot::Lease(provider.clone()));
         match self.leases.get_mut(&provider) {
             Some(f) => {
                 f.insert(d, v);
@@ -182,91 +208,69 @@ impl State {
         }
     }
 
-    /// Removes a dot from the store (not from the context), and its key if it empties.
-    fn remove_dot(&mut self, d: &Dot, report: &mut JoinReport) {
-        let Some(slot) = self.index.remove(d) else { return };
-        match slot {
-            Slot::Reg(key) => {
-                if let Some(f) = self.regs.get_mut(&key) {
-                    f.remove(d);
-                    if f.is_empty() {
-                        self.regs.remove(&key);
-                        self.by_provider
-                            .remove(&(key.provider.clone(), key.service.clone()));
-                    }
-                }
-                report.regs.insert(key);
-            }
-            Slot::Lease(p) => {
-                if let Some(f) = self.leases.get_mut(&p) {
-                    f.remove(d);
-                    if f.is_empty() {
-                        self.leases.remove(&p);
-                    }
-                }
-                report.leases.insert(p);
-            }
-        }
-    }
-
-    /// The registrations and leases holding a dot that `ctx` has seen.
-    pub(crate) fn slots_covered_by(&self, ctx: &CausalContext) -> (Vec<RegKey>, Vec<ProviderId>) {
-        let mut regs = Vec::new();
-        let mut leases = Vec::new();
-        let mut note = |slot: &Slot| match slot {
-            Slot::Reg(k) => regs.push(k.clone()),
-            Slot::Lease(p) => leases.push(p.clone()),
-        };
-        for (replica, n) in ctx.ranges() {
-            self.index
-                .range(dot(replica, 1)..=dot(replica, n))
-                .for_each(|(_, s)| note(s));
-        }
-        for d in ctx.cloud() {
-            if let Some(s) = self.index.get(d) {
-                note(s);
-            }
-        }
-        (regs, leases)
-    }
-
-    /// Whether `other`'s store holds `d` at `slot`.
-    fn store_has(&self, slot: &Slot, d: &Dot) -> bool {
-        match slot {
-            Slot::Reg(k) => self.regs.get(k).is_some_and(|f| f.contains(d)),
-            Slot::Lease(p) => self.leases.get(p).is_some_and(|f| f.contains(d)),
-        }
-    }
-
     /// Joins `other` into this state: the least upper bound of the two.
     ///
     /// Idempotent, commutative and associative, so deltas may arrive in any order, twice, or
-    /// never (a later join of a full state repairs the loss). Costs `O(|other| log |self|)`
-    /// for a delta; the version-vector part of `other`'s context costs a range scan of this
-    /// state's dots from that replica.
+    /// never (a later join of a full state repairs the loss). A delta costs
+    /// `O(|delta| log |self|)`; a full state visits every key of both.
     pub fn join(&mut self, other: State) -> JoinReport {
         let mut report = JoinReport {
             context_grew: !self.ctx.includes(&other.ctx),
             ..JoinReport::default()
         };
-        // 1. Removals: our dots that `other` has seen but no longer stores.
-        let mut removed = Vec::new();
-        for (replica, n) in other.ctx.ranges() {
-            for (d, slot) in self.index.range(dot(replica, 1)..=dot(replica, n)) {
-                if !other.store_has(slot, d) {
-                    removed.push(d.clone());
+        // 1. Removals: our dots that `other` has seen but does not store.
+        let mut removed_regs: Vec<(RegKey, Vec<Dot>)> = Vec::new();
+        let mut removed_leases: Vec<(ProviderId, Vec<Dot>)> = Vec::new();
+        match Self::keys_touched_by(&other) {
+            Some((regs, leases)) => {
+                for k in regs {
+                    if let Some(f) = self.regs.get(&k) {
+                        let ds = removed_dots(f, other.regs.get(&k), &other.ctx);
+                        if !ds.is_empty() {
+                            removed_regs.push((k, ds));
+                        }
+                    }
+                }
+                for p in leases {
+                    if let Some(f) = self.leases.get(&p) {
+                        let ds = removed_dots(f, other.leases.get(&p), &other.ctx);
+                        if !ds.is_empty() {
+                            removed_leases.push((p, ds));
+                        }
+                    }
                 }
             }
-        }
-        for d in other.ctx.cloud() {
-            if let Some(slot) = self.index.get(d) {
-                if !other.store_has(slot, d) {
-                    removed.push(d.clone());
+            None => {
+                for (k, f) in &self.regs {
+                    let ds = removed_dots(f, other.regs.get(k), &other.ctx);
+                    if !ds.is_empty() {
+                        removed_regs.push((k.clone(), ds));
+                    }
+                }
+                for (p, f) in &self.leases {
+                    let ds = removed_dots(f, other.leases.get(p), &other.ctx);
+                    if !ds.is_empty() {
+                        removed_leases.push((p.clone(), ds));
+                    }
                 }
             }
         }
         // 2. Additions: `other`'s dots that we have never seen. Decided against our context
         // before it is joined, independently of step 1 (which only looks at `other`).
+        if let Some(mine) = &mut self.touched {
+            match &other.touched {
+                // A delta joined with a full state is a full state.
+                None => self.touched = None,
+                Some(theirs) => {
+                    mine.regs.extend(theirs.regs.iter().cloned());
+                    mine.regs.extend(other.regs.keys().cloned());
+                    mine.regs.extend(removed_regs.iter().map(|(k, _)| k.clone()));
+                    mine.leases.extend(theirs.leases.iter().cloned());
+                    mine.leases.extend(other.leases.keys().cloned());
+                    mine.leases.extend(removed_leases.iter().map(|(p, _)| p.clone()));
+                }
+            }
+        }
         let mut added_regs = Vec::new();
         for (key, f) in other.regs {
             for (d, v) in f.into_iter() {
@@ -283,8 +287,13 @@ impl State {
                 }
             }
         }
-        for d in &removed {
-            self.remove_dot(d, &mut report);
+        for (k, ds) in removed_regs {
+            remove_from(&mut self.regs, &k, &ds);
+            report.regs.insert(k);
+        }
+        for (p, ds) in removed_leases {
+            remove_from(&mut self.leases, &p, &ds);
+            report.leases.insert(p);
         }
         for (key, d, v) in added_regs {
             report.regs.insert(key.clone());
@@ -301,16 +310,16 @@ impl State {
         report
     }
 
-    /// Builds a state from decoded parts, checking every invariant and building the indexes.
+    /// Builds a state from decoded parts, checking every invariant.
     pub(crate) fn from_parts(
         regs: BTreeMap<RegKey, DotFun<Registration>>,
         leases: BTreeMap<ProviderId, DotFun<Lease>>,
         ctx: CausalContext,
+        touched: Option<Touched>,
     ) -> Result<Self, InvalidState> {
         ctx.validate()?;
-        let mut index = BTreeMap::new();
-        let mut by_provider = BTreeSet::new();
-        let mut check = |d: &Dot, slot: Slot| -> Result<(), InvalidState> {
+        let mut seen = BTreeSet::new();
+        let mut check = |d: &Dot| -> Result<(), InvalidState> {
             if d.counter == 0 {
                 return Err(InvalidState::ZeroCounter(d.actor.to_string()));
             }
@@ -320,7 +329,7 @@ impl State {
             if ctx.retired().any(|(r, x)| r == d.actor && d.counter <= x.counter) {
                 return Err(InvalidState::RetiredDot(format!("{d}")));
             }
-            if index.insert(d.clone(), slot).is_some() {
+            if !seen.insert(d.clone()) {
                 return Err(InvalidState::DuplicateDot(format!("{d}")));
             }
             Ok(())
@@ -334,9 +343,8 @@ impl State {
             }
             for (d, v) in f.iter() {
                 v.validate()?;
-                check(d, Slot::Reg(key.clone()))?;
+                check(d)?;
             }
-            by_provider.insert((key.provider.clone(), key.service.clone()));
         }
         for (p, f) in &leases {
             if f.is_empty() || !f.is_sorted_unique() {
@@ -344,29 +352,31 @@ impl State {
             }
             for (d, v) in f.iter() {
                 v.validate()?;
-                check(d, Slot::Lease(p.clone()))?;
+                check(d)?;
             }
         }
         Ok(Self {
             regs,
             leases,
             ctx,
-            index,
-            by_provider,
+            touched,
         })
     }
 
-    /// A delta that removes exactly these dots (an empty store, a context of these dots).
-    pub(crate) fn removal(dots: impl IntoIterator<Item = Dot>) -> Self {
+    /// A delta that removes exactly these dots from these keys.
+    pub(crate) fn removal(dots: Vec<Dot>, regs: BTreeSet<RegKey>, leases: BTreeSet<ProviderId>) -> Self {
         Self {
             ctx: CausalContext::from_dots(dots),
+            touched: Some(Touched { regs, leases }),
             ..Self::default()
         }
     }
 
     /// How many stored dots `replica` minted.
     pub(crate) fn dots_of(&self, replica: crate::id::ReplicaId) -> usize {
-        self.index.range(dot(replica, 1)..=dot(replica, u64::MAX)).count()
+        let regs = self.regs.values().flat_map(|f| f.dots());
+        let leases = self.leases.values().flat_map(|f| f.dots());
+        regs.chain(leases).filter(|d| d.actor == replica).count()
     }
 
     /// The dots of one registration.
@@ -482,7 +492,7 @@ impl Elided {
                 leases.insert(p, DotFun::from_vec(f));
             }
         }
-        Ok(State::from_parts(regs, leases, self.ctx)?)
+        Ok(State::from_parts(regs, leases, self.ctx, None)?)
     }
 
     /// How many values were left out.
@@ -498,12 +508,14 @@ impl Elided {
     }
 }
 
-/// The encoded shape of a state: the store and the context, no indexes.
+/// The encoded shape of a state: the store, the context, and a delta's touched keys
+/// (only those outside its store; the store's own keys are implied).
 #[derive(Serialize)]
 pub(crate) struct WireRef<'a> {
     pub(crate) regs: &'a BTreeMap<RegKey, DotFun<Registration>>,
     pub(crate) leases: &'a BTreeMap<ProviderId, DotFun<Lease>>,
     pub(crate) ctx: &'a CausalContext,
+    pub(crate) touched: Option<Touched>,
 }
 
 /// The decoded shape of a state, before its invariants are checked.
@@ -512,14 +524,30 @@ pub(crate) struct Wire {
     pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
     pub(crate) leases: BTreeMap<ProviderId, DotFun<Lease>>,
     pub(crate) ctx: CausalContext,
+    pub(crate) touched: Option<Touched>,
 }
 
 impl State {
     pub(crate) fn wire(&self) -> WireRef<'_> {
+        let touched = self.touched.as_ref().map(|t| Touched {
+            regs: t
+                .regs
+                .iter()
+                .filter(|k| !self.regs.contains_key(*k))
+                .cloned()
+                .collect(),
+            leases: t
+                .leases
+                .iter()
+                .filter(|p| !self.leases.contains_key(*p))
+                .cloned()
+                .collect(),
+        });
         WireRef {
             regs: &self.regs,
             leases: &self.leases,
             ctx: &self.ctx,
+            touched,
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The values the registry holds: a provider's registration of one service, and a
 //! provider's lease.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -9,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::InvalidInput;
 use crate::hlc::Hlc;
 use crate::id::{truncate_for_display, Dot};
+use crate::meta::Metadata;
 
 /// The most metadata pairs one registration may carry.
 pub const MAX_META_PAIRS: usize = 64;
@@ -120,9 +120,6 @@ impl fmt::Debug for Endpoint {
         fmt::Display::fmt(self, f)
     }
 }
-
-/// A service instance's metadata: a small, bounded map of strings.
-pub type Metadata = BTreeMap<String, String>;
 
 /// Checks metadata against the limits ([`MAX_META_PAIRS`], [`MAX_META_BYTES`],
 /// [`MAX_META_KEY_LEN`]; keys non-empty and free of control characters).
@@ -252,10 +249,10 @@ mod tests {
     fn metadata_limits_are_named() {
         let mut m = Metadata::new();
         for i in 0..64 {
-            m.insert(format!("k{i}"), "v".into());
+            m.insert(format!("k{i}"), "v");
         }
         validate_metadata(&m).unwrap();
-        m.insert("one-too-many".into(), "v".into());
+        m.insert("one-too-many", "v");
         assert!(validate_metadata(&m)
             .unwrap_err()
             .to_string()

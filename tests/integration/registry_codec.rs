@@ -43,7 +43,7 @@ fn golden_vector_pins_the_encoding_of_a_registration_delta() {
     assert_eq!(codec::decode_state(&bytes).unwrap(), golden_delta());
 }
 
-const GOLDEN_DELTA_HEX: &str = "010103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101057765622d3101820201808080c0d6fcf3c501b0ea01018202020000";
+const GOLDEN_DELTA_HEX: &str = "010103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101057765622d3101820201808080c0d6fcf3c501b0ea01018202020000010000";
 
 #[test]
 fn golden_vector_pins_the_encoding_of_a_digest() {
@@ -144,13 +144,17 @@ fn mutated_encodings_never_panic() {
 
 #[test]
 fn a_store_dot_outside_the_context_is_refused() {
-    // Hand-built bytes: one lease whose dot the (empty) context has not seen.
-    let valid = codec::encode_state(&golden_delta());
-    let ctx_empty = codec::encode_context(&roster_registry::CausalContext::new());
-    // Replace the delta's context (its tail) by an empty one.
-    let ctx_len = codec::encode_context(golden_delta().context()).len() - 1;
-    let mut bytes = valid[..valid.len() - ctx_len].to_vec();
-    bytes.extend_from_slice(&ctx_empty[1..]);
+    // The golden delta with its context swapped for an empty one: its dots are then
+    // stored without having been seen, which no replica can reach.
+    let valid = hex(&codec::encode_state(&golden_delta()));
+    let ctx = &hex(&codec::encode_context(golden_delta().context()))[2..];
+    let empty = &hex(&codec::encode_context(&roster_registry::CausalContext::new()))[2..];
+    assert_eq!(valid.matches(ctx).count(), 1);
+    let forged = valid.replace(ctx, empty);
+    let bytes: Vec<u8> = (0..forged.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&forged[i..i + 2], 16).unwrap())
+        .collect();
     let err = codec::decode_state(&bytes).unwrap_err();
     assert!(matches!(err, DecodeError::Invalid(_)), "{err}");
 }

@@ -99,7 +99,9 @@ fn deltas_in_any_order_and_duplicated_equal_the_full_join() {
             deltas.shuffle(&mut rng);
             let mut folded = State::new();
             for d in deltas {
-                folded.join(d);
+                // Through the wire, as a peer would receive it.
+                let bytes = roster_registry::codec::encode_state(&d);
+                folded.join(roster_registry::codec::decode_state(&bytes).unwrap());
             }
             folded == full
         }) as fn(Schedule, u64) -> bool,

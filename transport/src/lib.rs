@@ -8,5 +8,6 @@
 //! Nothing is here yet: the protocol is the subject of the next piece of work (see
 //! `docs/design.md`, "Replication").
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub use roster_registry as registry;
