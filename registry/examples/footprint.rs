@@ -38,28 +38,24 @@ fn meta() -> Metadata {
     .into()
 }
 
-/// Bytes allocated by a replica holding `services` x `per_service` registrations.
-fn resident(services: usize, per_service: usize) -> (usize, usize) {
+/// Heap bytes and encoded bytes of a replica holding `services` x `per_service`
+/// registrations, each provider offering `offers` of those services (sharing one lease).
+fn resident(services: usize, per_service: usize, offers: usize) -> (usize, usize) {
+    let n = services * per_service;
     let names: Vec<ServiceName> = (0..services)
         .map(|i| ServiceName::new(&format!("svc-{i}.prod")).unwrap())
         .collect();
-    let providers: Vec<ProviderId> = (0..services * per_service)
+    let providers: Vec<ProviderId> = (0..n / offers)
         .map(|i| ProviderId::new(&format!("host-{i}")).unwrap())
         .collect();
     let mut clock = HlcClock::new();
     let before = LIVE.load(Ordering::Relaxed);
     let mut r = Replica::new(ReplicaId(0x5eed_0000_0000_0001));
-    for (i, p) in providers.iter().enumerate() {
+    for i in 0..n {
         let ep = Endpoint::new("10.20.30.40", 8080).unwrap();
-        r.register(
-            names[i % services].clone(),
-            p.clone(),
-            ep,
-            meta(),
-            30_000,
-            clock.tick(1_000),
-        )
-        .unwrap();
+        let (service, provider) = (names[i % services].clone(), providers[i / offers].clone());
+        r.register(service, provider, ep, meta(), 30_000, clock.tick(1_000))
+            .unwrap();
     }
     let bytes = LIVE.load(Ordering::Relaxed) - before;
     let encoded = encode_state(r.state()).len();
@@ -110,11 +106,12 @@ fn main() {
     );
     println!();
     println!("resident bytes per live registration (heap, counted by the allocator):");
-    for (services, per) in [(10_000, 1), (100, 100), (1_000, 10)] {
-        let (bytes, encoded) = resident(services, per);
+    for (services, per, offers) in [(10_000, 1, 1), (100, 100, 1), (1_000, 10, 1), (1_000, 10, 10)] {
+        let (bytes, encoded) = resident(services, per, offers);
         let n = services * per;
         println!(
-            "  {services:>6} services x {per:>3} instances: {:>4} B resident, {:>3} B encoded per registration",
+            "  {services:>6} services x {per:>3} instances, {offers:>2} services per provider: \
+             {:>4} B resident, {:>3} B encoded per registration",
             bytes / n,
             encoded / n
         );

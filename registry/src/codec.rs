@@ -52,7 +52,12 @@ pub fn encode_state(state: &State) -> Vec<u8> {
 /// [`DecodeError`] for empty, truncated, extended, wrong-version or invalid input.
 pub fn decode_state(bytes: &[u8]) -> Result<State, DecodeError> {
     let w: Wire = decode_value(bytes)?;
-    Ok(State::from_parts(w.regs, w.leases, w.ctx, w.touched)?)
+    Ok(State::from_parts(
+        w.regs,
+        w.leases.into_iter().collect(),
+        w.ctx,
+        w.touched,
+    )?)
 }
 
 /// Encodes a digest (a causal context).

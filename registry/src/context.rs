@@ -18,10 +18,60 @@ use crate::id::{dot, Dot, ReplicaId};
 /// A causal context: a version vector, a dot cloud, and the retired replicas. Also the
 /// registry's digest.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "ContextWire", try_from = "ContextWire")]
 pub struct CausalContext {
     vv: VClock<ReplicaId>,
     cloud: BTreeSet<Dot>,
     retired: BTreeMap<ReplicaId, Retirement>,
+}
+
+/// The encoded shape of a context: the cloud grouped by replica, so a delta about several
+/// dots of one node names that node once.
+#[derive(Serialize, Deserialize)]
+struct ContextWire {
+    vv: VClock<ReplicaId>,
+    cloud: Vec<(ReplicaId, Vec<u64>)>,
+    retired: BTreeMap<ReplicaId, Retirement>,
+}
+
+impl From<CausalContext> for ContextWire {
+    fn from(c: CausalContext) -> Self {
+        let mut cloud: Vec<(ReplicaId, Vec<u64>)> = Vec::new();
+        for d in c.cloud {
+            match cloud.last_mut() {
+                Some((a, counters)) if *a == d.actor => counters.push(d.counter),
+                _ => cloud.push((d.actor, vec![d.counter])),
+            }
+        }
+        Self {
+            vv: c.vv,
+            cloud,
+            retired: c.retired,
+        }
+    }
+}
+
+impl TryFrom<ContextWire> for CausalContext {
+    type Error = &'static str;
+    fn try_from(w: ContextWire) -> Result<Self, Self::Error> {
+        let mut cloud = BTreeSet::new();
+        let mut last_actor = None;
+        for (a, counters) in w.cloud {
+            if last_actor.is_some_and(|l| l >= a) || counters.is_empty() {
+                return Err("dot cloud groups are not sorted, unique and non-empty");
+            }
+            last_actor = Some(a);
+            if counters.windows(2).any(|p| p[0] >= p[1]) {
+                return Err("dot cloud counters are not strictly increasing");
+            }
+            cloud.extend(counters.into_iter().map(|c| dot(a, c)));
+        }
+        Ok(Self {
+            vv: w.vv,
+            cloud,
+            retired: w.retired,
+        })
+    }
 }
 
 /// A retired replica: all its dots up to `counter` count as seen and are never stored.
@@ -145,20 +195,29 @@ impl CausalContext {
 
     /// Joins `other` into this context (set union).
     pub fn join(&mut self, other: &CausalContext) {
+        if !other.retired.is_empty() {
+            for (a, r) in &other.retired {
+                let e = self.retired.entry(*a).or_insert(*r);
+                *e = (*e).max(*r);
+            }
+            self.normalize_retired();
+        }
         for (actor, &n) in &other.vv.dots {
-            if n > self.vv.get(actor) {
+            if n > self.base(actor) {
                 self.vv.dots.insert(*actor, n);
             }
         }
-        for (a, r) in &other.retired {
-            let e = self.retired.entry(*a).or_insert(*r);
-            *e = (*e).max(*r);
-        }
-        self.normalize_retired();
         for d in &other.cloud {
             self.insert_no_compact(d.clone());
         }
-        self.compact();
+        // Only the replicas `other` names can have gaps to close.
+        let mut last = None;
+        for a in other.vv.dots.keys().chain(other.cloud.iter().map(|d| &d.actor)) {
+            if last != Some(a) {
+                self.compact_replica(*a);
+                last = Some(a);
+            }
+        }
     }
 
     /// Whether every dot of `other` is in this context, and every retirement too.

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::context::CausalContext;
 use crate::id::Dot;
 
 /// The `(dot, value)` pairs of one register, sorted by dot, never empty in a valid state.
@@ -47,11 +48,22 @@ impl<V> DotFun<V> {
         }
     }
 
-    pub(crate) fn remove(&mut self, d: &Dot) -> Option<V> {
-        let i = self.0.binary_search_by(|(x, _)| x.cmp(d)).ok()?;
-        let (_, v) = self.0.remove(i);
+    /// Keeps the dots that `their_ctx` has not seen or that `theirs` stores too: the join
+    /// rule for our side. Returns whether any dot went.
+    pub(crate) fn retain_unseen_or_stored(
+        &mut self,
+        their_ctx: &CausalContext,
+        theirs: Option<&DotFun<V>>,
+    ) -> bool {
+        let before = self.0.len();
+        self.0
+            .retain(|(d, _)| !their_ctx.contains(d) || theirs.is_some_and(|t| t.contains(d)));
+        self.0.len() != before
+    }
+
+    /// Gives back spare capacity (after a join, which may have removed dots).
+    pub(crate) fn shrink(&mut self) {
         self.0.shrink_to_fit();
-        Some(v)
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -20,7 +20,7 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 /// assert_eq!(m.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["version", "zone"]);
 /// ```
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Metadata(Vec<(String, String)>);
+pub struct Metadata(Vec<(Box<str>, Box<str>)>);
 
 impl Metadata {
     /// No metadata.
@@ -29,17 +29,17 @@ impl Metadata {
     }
 
     fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+        self.0.binary_search_by(|(k, _)| (**k).cmp(key))
     }
 
     /// Sets `key` to `value`, returning the value it replaces.
     pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) -> Option<String> {
-        let (key, value) = (key.into(), value.into());
+        let (key, value): (String, String) = (key.into(), value.into());
         match self.find(&key) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value.into()).into()),
             Err(i) => {
                 self.0.reserve_exact(1);
-                self.0.insert(i, (key, value));
+                self.0.insert(i, (key.into(), value.into()));
                 None
             }
         }
@@ -47,12 +47,12 @@ impl Metadata {
 
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.find(key).ok().map(|i| self.0[i].1.as_str())
+        self.find(key).ok().map(|i| &*self.0[i].1)
     }
 
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &str) -> Option<String> {
-        self.find(key).ok().map(|i| self.0.remove(i).1)
+        self.find(key).ok().map(|i| self.0.remove(i).1.into())
     }
 
     /// How many pairs.
@@ -67,12 +67,12 @@ impl Metadata {
 
     /// The pairs, sorted by key.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.0.iter().map(|(k, v)| (&**k, &**v))
     }
 
     /// The keys, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(k, _)| k.as_str())
+        self.0.iter().map(|(k, _)| &**k)
     }
 }
 
@@ -86,9 +86,7 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
 
 impl From<BTreeMap<String, String>> for Metadata {
     fn from(map: BTreeMap<String, String>) -> Self {
-        let mut v: Vec<(String, String)> = map.into_iter().collect();
-        v.shrink_to_fit();
-        Self(v)
+        Self(map.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
     }
 }
 
@@ -100,7 +98,7 @@ impl<K: Into<String>, V: Into<String>, const N: usize> From<[(K, V); N]> for Met
 
 impl From<Metadata> for BTreeMap<String, String> {
     fn from(m: Metadata) -> Self {
-        m.0.into_iter().collect()
+        m.0.into_iter().map(|(k, v)| (k.into(), v.into())).collect()
     }
 }
 
@@ -131,12 +129,12 @@ impl<'de> Deserialize<'de> for Metadata {
                 f.write_str("a map of strings with sorted, unique keys")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Metadata, A::Error> {
-                let mut pairs: Vec<(String, String)> = Vec::new();
+                let mut pairs: Vec<(Box<str>, Box<str>)> = Vec::new();
                 while let Some((k, v)) = access.next_entry::<String, String>()? {
-                    if pairs.last().is_some_and(|(last, _)| *last >= k) {
+                    if pairs.last().is_some_and(|(last, _)| **last >= *k) {
                         return Err(A::Error::custom("metadata keys are not sorted and unique"));
                     }
-                    pairs.push((k, v));
+                    pairs.push((k.into(), v.into()));
                 }
                 pairs.shrink_to_fit();
                 Ok(Metadata(pairs))

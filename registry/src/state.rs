@@ -10,7 +10,9 @@
 //! [`State::join`]. Join keeps a dot when both sides have it, or when one side has it and
 //! the other side's context has never seen it; a dot seen and no longer stored is a removal.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxBuildHasher;
 
 use serde::{Deserialize, Serialize};
 
@@ -47,10 +49,14 @@ pub(crate) struct Touched {
 #[derive(Clone, Default)]
 pub struct State {
     pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
-    pub(crate) leases: BTreeMap<ProviderId, DotFun<Lease>>,
+    pub(crate) leases: LeaseMap,
     pub(crate) ctx: CausalContext,
     pub(crate) touched: Option<Touched>,
 }
+
+/// The leases, by provider. A hash map: every read of an instance looks its provider's
+/// lease up, and order matters only when encoding (which sorts).
+pub(crate) type LeaseMap = HashMap<ProviderId, DotFun<Lease>, FxBuildHasher>;
 
 impl PartialEq for State {
     fn eq(&self, other: &Self) -> bool {
@@ -87,22 +93,73 @@ impl JoinReport {
     }
 }
 
-/// Our dots in one dot function that `other` has seen but does not store: removals.
-fn removed_dots<V>(mine: &DotFun<V>, theirs: Option<&DotFun<V>>, their_ctx: &CausalContext) -> Vec<Dot> {
-    mine.dots()
-        .filter(|d| their_ctx.contains(d) && !theirs.is_some_and(|f| f.contains(d)))
-        .cloned()
-        .collect()
+/// A map from keys to dot functions: the `BTreeMap` of registrations or the `HashMap` of
+/// leases.
+trait FunMap<K, V> {
+    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>>;
+    fn insert_fun(&mut self, k: K, f: DotFun<V>);
+    fn remove_fun(&mut self, k: &K);
 }
 
-/// Removes dots from one dot function; drops the key if it empties.
-fn remove_from<K: Ord + Clone, V>(map: &mut BTreeMap<K, DotFun<V>>, key: &K, dots: &[Dot]) {
-    if let Some(f) = map.get_mut(key) {
-        for d in dots {
-            f.remove(d);
+impl<K: Ord, V> FunMap<K, V> for BTreeMap<K, DotFun<V>> {
+    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
+        self.get_mut(k)
+    }
+    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
+        self.insert(k, f);
+    }
+    fn remove_fun(&mut self, k: &K) {
+        self.remove(k);
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher> FunMap<K, V> for HashMap<K, DotFun<V>, S> {
+    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
+        self.get_mut(k)
+    }
+    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
+        self.insert(k, f);
+    }
+    fn remove_fun(&mut self, k: &K) {
+        self.remove(k);
+    }
+}
+
+/// Joins one key: keeps our dots that `other` stores too or has never seen, adds theirs that
+/// we have never seen, and drops the key if it empties. Returns whether anything changed.
+fn join_key<K: Clone, V>(
+    map: &mut impl FunMap<K, V>,
+    k: &K,
+    theirs: Option<DotFun<V>>,
+    my_ctx: &CausalContext,
+    their_ctx: &CausalContext,
+) -> bool {
+    match map.get_fun_mut(k) {
+        Some(mine) => {
+            let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs.as_ref());
+            for (d, v) in theirs.into_iter().flat_map(DotFun::into_iter) {
+                if !my_ctx.contains(&d) {
+                    changed |= mine.insert(d, v);
+                }
+            }
+            if mine.is_empty() {
+                map.remove_fun(k);
+            } else if changed {
+                mine.shrink();
+            }
+            changed
         }
-        if f.is_empty() {
-            map.remove(key);
+        None => {
+            let new: Vec<(Dot, V)> = theirs
+                .into_iter()
+                .flat_map(DotFun::into_iter)
+                .filter(|(d, _)| !my_ctx.contains(d))
+                .collect();
+            if new.is_empty() {
+                return false;
+            }
+            map.insert_fun(k.clone(), DotFun::from_vec(new));
+            true
         }
     }
 }
@@ -213,97 +270,89 @@ impl State {
     /// Idempotent, commutative and associative, so deltas may arrive in any order, twice, or
     /// never (a later join of a full state repairs the loss). A delta costs
     /// `O(|delta| log |self|)`; a full state visits every key of both.
-    pub fn join(&mut self, other: State) -> JoinReport {
+    pub fn join(&mut self, mut other: State) -> JoinReport {
         let mut report = JoinReport {
             context_grew: !self.ctx.includes(&other.ctx),
             ..JoinReport::default()
         };
-        // 1. Removals: our dots that `other` has seen but does not store.
-        let mut removed_regs: Vec<(RegKey, Vec<Dot>)> = Vec::new();
-        let mut removed_leases: Vec<(ProviderId, Vec<Dot>)> = Vec::new();
-        match Self::keys_touched_by(&other) {
-            Some((regs, leases)) => {
-                for k in regs {
-                    if let Some(f) = self.regs.get(&k) {
-                        let ds = removed_dots(f, other.regs.get(&k), &other.ctx);
-                        if !ds.is_empty() {
-                            removed_regs.push((k, ds));
-                        }
-                    }
-                }
-                for p in leases {
-                    if let Some(f) = self.leases.get(&p) {
-                        let ds = removed_dots(f, other.leases.get(&p), &other.ctx);
-                        if !ds.is_empty() {
-                            removed_leases.push((p, ds));
-                        }
+        let their_touched = other.touched.take();
+        // A delta buffer keeps naming every key it may reach into; a full state names none.
+        match (&mut self.touched, &their_touched) {
+            (Some(_), None) => self.touched = None,
+            (Some(mine), Some(theirs)) => {
+                mine.regs.extend(theirs.regs.iter().cloned());
+                mine.regs.extend(other.regs.keys().cloned());
+                mine.leases.extend(theirs.leases.iter().cloned());
+                mine.leases.extend(other.leases.keys().cloned());
+            }
+            (None, _) => {}
+        }
+        let (my_ctx, their_ctx) = (&self.ctx, &other.ctx);
+        // Registrations: first every key `other` stores, then the keys its context may reach
+        // into: the ones it names, or, for a full state, all of ours.
+        let their_regs = std::mem::take(&mut other.regs);
+        let their_reg_keys: BTreeSet<RegKey> = match &their_touched {
+            None => their_regs.keys().cloned().collect(),
+            Some(_) => BTreeSet::new(),
+        };
+        for (k, theirs) in their_regs {
+            if join_key(&mut self.regs, &k, Some(theirs), my_ctx, their_ctx) {
+                report.regs.insert(k);
+            }
+        }
+        match &their_touched {
+            Some(t) => {
+                for k in &t.regs {
+                    if join_key(&mut self.regs, k, None, my_ctx, their_ctx) {
+                        report.regs.insert(k.clone());
                     }
                 }
             }
             None => {
-                for (k, f) in &self.regs {
-                    let ds = removed_dots(f, other.regs.get(k), &other.ctx);
-                    if !ds.is_empty() {
-                        removed_regs.push((k.clone(), ds));
+                for (k, f) in self.regs.iter_mut() {
+                    if !their_reg_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
+                        f.shrink();
+                        report.regs.insert(k.clone());
                     }
                 }
-                for (p, f) in &self.leases {
-                    let ds = removed_dots(f, other.leases.get(p), &other.ctx);
-                    if !ds.is_empty() {
-                        removed_leases.push((p.clone(), ds));
+                self.regs.retain(|_, f| !f.is_empty());
+            }
+        }
+        // Leases, the same way.
+        let their_leases = std::mem::take(&mut other.leases);
+        let their_lease_keys: BTreeSet<ProviderId> = match &their_touched {
+            None => their_leases.keys().cloned().collect(),
+            Some(_) => BTreeSet::new(),
+        };
+        for (p, theirs) in their_leases {
+            if join_key(&mut self.leases, &p, Some(theirs), my_ctx, their_ctx) {
+                report.leases.insert(p);
+            }
+        }
+        match &their_touched {
+            Some(t) => {
+                for p in &t.leases {
+                    if join_key(&mut self.leases, p, None, my_ctx, their_ctx) {
+                        report.leases.insert(p.clone());
                     }
                 }
             }
+            None => {
+                for (p, f) in self.leases.iter_mut() {
+                    if !their_lease_keys.contains(p) && f.retain_unseen_or_stored(their_ctx, None) {
+                        f.shrink();
+                        report.leases.insert(p.clone());
+                    }
+                }
+                self.leases.retain(|_, f| !f.is_empty());
+            }
         }
-        // 2. Additions: `other`'s dots that we have never seen. Decided against our context
-        // before it is joined, independently of step 1 (which only looks at `other`).
         if let Some(mine) = &mut self.touched {
-            match &other.touched {
-                // A delta joined with a full state is a full state.
-                None => self.touched = None,
-                Some(theirs) => {
-                    mine.regs.extend(theirs.regs.iter().cloned());
-                    mine.regs.extend(other.regs.keys().cloned());
-                    mine.regs.extend(removed_regs.iter().map(|(k, _)| k.clone()));
-                    mine.leases.extend(theirs.leases.iter().cloned());
-                    mine.leases.extend(other.leases.keys().cloned());
-                    mine.leases.extend(removed_leases.iter().map(|(p, _)| p.clone()));
-                }
-            }
+            // Keys this join emptied are no longer in the store but still reached into.
+            mine.regs.extend(report.regs.iter().cloned());
+            mine.leases.extend(report.leases.iter().cloned());
         }
-        let mut added_regs = Vec::new();
-        for (key, f) in other.regs {
-            for (d, v) in f.into_iter() {
-                if !self.ctx.contains(&d) {
-                    added_regs.push((key.clone(), d, v));
-                }
-            }
-        }
-        let mut added_leases = Vec::new();
-        for (p, f) in other.leases {
-            for (d, v) in f.into_iter() {
-                if !self.ctx.contains(&d) {
-                    added_leases.push((p.clone(), d, v));
-                }
-            }
-        }
-        for (k, ds) in removed_regs {
-            remove_from(&mut self.regs, &k, &ds);
-            report.regs.insert(k);
-        }
-        for (p, ds) in removed_leases {
-            remove_from(&mut self.leases, &p, &ds);
-            report.leases.insert(p);
-        }
-        for (key, d, v) in added_regs {
-            report.regs.insert(key.clone());
-            self.insert_reg(key, d, v);
-        }
-        for (p, d, v) in added_leases {
-            report.leases.insert(p.clone());
-            self.insert_lease(p, d, v);
-        }
-        // 3. Contexts join by union.
+        // Contexts join by union.
         if report.context_grew {
             self.ctx.join(&other.ctx);
         }
@@ -313,7 +362,7 @@ impl State {
     /// Builds a state from decoded parts, checking every invariant.
     pub(crate) fn from_parts(
         regs: BTreeMap<RegKey, DotFun<Registration>>,
-        leases: BTreeMap<ProviderId, DotFun<Lease>>,
+        leases: LeaseMap,
         ctx: CausalContext,
         touched: Option<Touched>,
     ) -> Result<Self, InvalidState> {
@@ -474,7 +523,7 @@ impl Elided {
                 regs.insert(key, DotFun::from_vec(f));
             }
         }
-        let mut leases = BTreeMap::new();
+        let mut leases = LeaseMap::default();
         for (p, pairs) in self.leases {
             let mut f: Vec<(Dot, Lease)> = Vec::with_capacity(pairs.len());
             for (d, v) in pairs {
@@ -513,7 +562,7 @@ impl Elided {
 #[derive(Serialize)]
 pub(crate) struct WireRef<'a> {
     pub(crate) regs: &'a BTreeMap<RegKey, DotFun<Registration>>,
-    pub(crate) leases: &'a BTreeMap<ProviderId, DotFun<Lease>>,
+    pub(crate) leases: BTreeMap<&'a ProviderId, &'a DotFun<Lease>>,
     pub(crate) ctx: &'a CausalContext,
     pub(crate) touched: Option<Touched>,
 }
@@ -545,7 +594,7 @@ impl State {
         });
         WireRef {
             regs: &self.regs,
-            leases: &self.leases,
+            leases: self.leases.iter().collect(),
             ctx: &self.ctx,
             touched,
         }

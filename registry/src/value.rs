@@ -27,7 +27,7 @@ pub const MAX_LEASE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// Where a service instance listens: a host name or IP address, and a port.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Endpoint {
-    host: String,
+    host: Box<str>,
     port: u16,
 }
 
@@ -62,7 +62,7 @@ impl Endpoint {
                 why,
             }),
             None => Ok(Self {
-                host: host.to_owned(),
+                host: host.into(),
                 port,
             }),
         }
