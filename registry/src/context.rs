@@ -210,9 +210,11 @@ impl CausalContext {
         for d in &other.cloud {
             self.insert_no_compact(d.clone());
         }
-        // Only the replicas `other` names can have gaps to close.
+        // Only the replicas `other` names can have gaps to close (a retirement raises the
+        // base under the cloud too).
         let mut last = None;
-        for a in other.vv.dots.keys().chain(other.cloud.iter().map(|d| &d.actor)) {
+        let named = other.vv.dots.keys().chain(other.retired.keys());
+        for a in named.chain(other.cloud.iter().map(|d| &d.actor)) {
             if last != Some(a) {
                 self.compact_replica(*a);
                 last = Some(a);

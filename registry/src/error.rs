@@ -135,3 +135,12 @@ pub enum RetireError {
     #[error("replica {0} was never seen here; nothing to retire")]
     Unknown(String),
 }
+
+/// Two states hold the same dot with different values: a node reused a dot (it lost its
+/// disk and its counter floor). Found by `CvRDT::validate_merge`; nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("dot {dot} names two different writes; the node that minted it reused a counter (restore its data directory or give it a new id)")]
+pub struct ConflictingDot {
+    /// The dot.
+    pub dot: String,
+}

@@ -45,7 +45,9 @@ mod state;
 mod value;
 
 pub use context::{CausalContext, Retirement};
-pub use error::{DecodeError, ElidedError, InvalidInput, InvalidState, MissingValue, RetireError};
+pub use error::{
+    ConflictingDot, DecodeError, ElidedError, InvalidInput, InvalidState, MissingValue, RetireError,
+};
 pub use hlc::{ClockSkew, Hlc, HlcClock, MAX_MILLIS};
 pub use id::{
     dot, Dot, ProviderId, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN, MAX_SERVICE_NAME_LEN,
