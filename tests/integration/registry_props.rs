@@ -657,3 +657,50 @@ mod regressions {
         assert_eq!(xy, yx, "\nx = {x:#?}\ny = {y:#?}");
     }
 }
+
+#[test]
+fn explain_shows_the_winning_write_its_node_and_its_lease() {
+    use crate::support::{endpoint, service};
+    let mut a = Replica::new(ReplicaId(0xA));
+    let mut b = Replica::new(ReplicaId(0xB));
+    let (s, p) = (service(0), provider(0));
+    let d1 = a.register(
+        s.clone(),
+        p.clone(),
+        endpoint(80),
+        Default::default(),
+        10_000,
+        roster_registry::Hlc::new(1_000, 0),
+    );
+    let d2 = b.register(
+        s.clone(),
+        p.clone(),
+        endpoint(81),
+        Default::default(),
+        10_000,
+        roster_registry::Hlc::new(1_001, 0),
+    );
+    a.apply(d2.unwrap().delta, 1_001);
+    b.apply(d1.unwrap().delta, 1_001);
+    // Two concurrent writes meet: both are kept, the later one wins everywhere.
+    for r in [&a, &b] {
+        let e = r.explain(&s, &p, 1_500).unwrap();
+        assert_eq!(e.writes.len(), 2);
+        assert_eq!(e.winner.as_ref().map(|d| d.actor), Some(ReplicaId(0xB)));
+        assert_eq!(e.leases.len(), 2);
+        assert!(e.live);
+        assert_eq!(
+            r.instances(&s, 1_500)
+                .next()
+                .unwrap()
+                .registration
+                .endpoint
+                .port(),
+            81
+        );
+        assert_eq!(r.next_deadline_ms(1_500), Some(11_001));
+    }
+    // After the leases end, explain still shows the writes, and says they are not live.
+    assert!(!a.explain(&s, &p, 11_001).unwrap().live);
+    assert!(a.explain(&service(1), &p, 0).is_none());
+}
