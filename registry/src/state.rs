@@ -95,39 +95,87 @@ impl JoinReport {
 
 /// A map from keys to dot functions: the `BTreeMap` of registrations or the `HashMap` of
 /// leases.
-trait FunMap<K, V> {
+trait FunMap<K: 'static, V: 'static>: IntoIterator<Item = (K, DotFun<V>)> {
     fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>>;
     fn insert_fun(&mut self, k: K, f: DotFun<V>);
     fn remove_fun(&mut self, k: &K);
+    fn keys_of(&self) -> impl Iterator<Item = &K>;
+    fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)>;
+    fn drop_empty(&mut self);
 }
 
-impl<K: Ord, V> FunMap<K, V> for BTreeMap<K, DotFun<V>> {
-    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
-        self.get_mut(k)
-    }
-    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
-        self.insert(k, f);
-    }
-    fn remove_fun(&mut self, k: &K) {
-        self.remove(k);
-    }
+/// The two maps have the same methods under the same names; only their bounds differ.
+macro_rules! impl_fun_map {
+    ([$($bounds:tt)*] $map:ty) => {
+        impl<$($bounds)*> FunMap<K, V> for $map {
+            fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
+                self.get_mut(k)
+            }
+            fn insert_fun(&mut self, k: K, f: DotFun<V>) {
+                self.insert(k, f);
+            }
+            fn remove_fun(&mut self, k: &K) {
+                self.remove(k);
+            }
+            fn keys_of(&self) -> impl Iterator<Item = &K> {
+                self.keys()
+            }
+            fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)> {
+                self.iter_mut()
+            }
+            fn drop_empty(&mut self) {
+                self.retain(|_, f| !f.is_empty());
+            }
+        }
+    };
 }
+impl_fun_map!([K: Ord + 'static, V: 'static] BTreeMap<K, DotFun<V>>);
+impl_fun_map!([K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher] HashMap<K, DotFun<V>, S>);
 
-impl<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher> FunMap<K, V> for HashMap<K, DotFun<V>, S> {
-    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
-        self.get_mut(k)
+/// Joins one store (registrations or leases): first every key the other side stores, then
+/// the keys its context may reach into: the ones it names (`touched`) or, for a full state,
+/// all of ours. Returns the keys that changed.
+fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
+    mine: &mut M,
+    theirs: M,
+    touched: Option<&BTreeSet<K>>,
+    my_ctx: &CausalContext,
+    their_ctx: &CausalContext,
+) -> BTreeSet<K> {
+    let mut changed = BTreeSet::new();
+    let their_keys: BTreeSet<K> = match touched {
+        None => theirs.keys_of().cloned().collect(),
+        Some(_) => BTreeSet::new(),
+    };
+    for (k, f) in theirs {
+        if join_key(mine, &k, Some(f), my_ctx, their_ctx) {
+            changed.insert(k);
+        }
     }
-    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
-        self.insert(k, f);
+    match touched {
+        Some(keys) => {
+            for k in keys {
+                if join_key(mine, k, None, my_ctx, their_ctx) {
+                    changed.insert(k.clone());
+                }
+            }
+        }
+        None => {
+            for (k, f) in mine.funs_mut() {
+                if !their_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
+                    f.shrink();
+                    changed.insert(k.clone());
+                }
+            }
+            mine.drop_empty();
+        }
     }
-    fn remove_fun(&mut self, k: &K) {
-        self.remove(k);
-    }
+    changed
 }
 
 /// Joins one key: keeps our dots that `other` stores too or has never seen, adds theirs that
 /// we have never seen, and drops the key if it empties. Returns whether anything changed.
-fn join_key<K: Clone, V>(
+fn join_key<K: Clone + 'static, V: 'static>(
     map: &mut impl FunMap<K, V>,
     k: &K,
     theirs: Option<DotFun<V>>,
@@ -288,65 +336,23 @@ impl State {
             (None, _) => {}
         }
         let (my_ctx, their_ctx) = (&self.ctx, &other.ctx);
-        // Registrations: first every key `other` stores, then the keys its context may reach
-        // into: the ones it names, or, for a full state, all of ours.
         let their_regs = std::mem::take(&mut other.regs);
-        let their_reg_keys: BTreeSet<RegKey> = match &their_touched {
-            None => their_regs.keys().cloned().collect(),
-            Some(_) => BTreeSet::new(),
-        };
-        for (k, theirs) in their_regs {
-            if join_key(&mut self.regs, &k, Some(theirs), my_ctx, their_ctx) {
-                report.regs.insert(k);
-            }
-        }
-        match &their_touched {
-            Some(t) => {
-                for k in &t.regs {
-                    if join_key(&mut self.regs, k, None, my_ctx, their_ctx) {
-                        report.regs.insert(k.clone());
-                    }
-                }
-            }
-            None => {
-                for (k, f) in self.regs.iter_mut() {
-                    if !their_reg_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
-                        f.shrink();
-                        report.regs.insert(k.clone());
-                    }
-                }
-                self.regs.retain(|_, f| !f.is_empty());
-            }
-        }
-        // Leases, the same way.
         let their_leases = std::mem::take(&mut other.leases);
-        let their_lease_keys: BTreeSet<ProviderId> = match &their_touched {
-            None => their_leases.keys().cloned().collect(),
-            Some(_) => BTreeSet::new(),
-        };
-        for (p, theirs) in their_leases {
-            if join_key(&mut self.leases, &p, Some(theirs), my_ctx, their_ctx) {
-                report.leases.insert(p);
-            }
-        }
-        match &their_touched {
-            Some(t) => {
-                for p in &t.leases {
-                    if join_key(&mut self.leases, p, None, my_ctx, their_ctx) {
-                        report.leases.insert(p.clone());
-                    }
-                }
-            }
-            None => {
-                for (p, f) in self.leases.iter_mut() {
-                    if !their_lease_keys.contains(p) && f.retain_unseen_or_stored(their_ctx, None) {
-                        f.shrink();
-                        report.leases.insert(p.clone());
-                    }
-                }
-                self.leases.retain(|_, f| !f.is_empty());
-            }
-        }
+        let touched = their_touched.as_ref();
+        report.regs = join_store(
+            &mut self.regs,
+            their_regs,
+            touched.map(|t| &t.regs),
+            my_ctx,
+            their_ctx,
+        );
+        report.leases = join_store(
+            &mut self.leases,
+            their_leases,
+            touched.map(|t| &t.leases),
+            my_ctx,
+            their_ctx,
+        );
         if let Some(mine) = &mut self.touched {
             // Keys this join emptied are no longer in the store but still reached into.
             mine.regs.extend(report.regs.iter().cloned());
