@@ -258,6 +258,14 @@ impl State {
             + self.leases.values().map(|f| f.dots().count()).sum::<usize>()
     }
 
+    /// The latest time written into any value: a restarted node's clock resumes after it,
+    /// so its new writes order after its old ones even if the wall clock went back.
+    pub fn latest_time(&self) -> crate::hlc::Hlc {
+        let regs = self.regs.values().flat_map(|f| f.iter().map(|(_, r)| r.written));
+        let leases = self.leases.values().flat_map(|f| f.iter().map(|(_, l)| l.issued));
+        regs.chain(leases).max().unwrap_or_default()
+    }
+
     pub(crate) fn reg(&self, key: &RegKey) -> Option<&DotFun<Registration>> {
         self.regs.get(key)
     }
@@ -577,6 +585,11 @@ impl Elided {
             }
         }
         Ok(State::from_parts(regs, leases, self.ctx, None)?)
+    }
+
+    /// How many entries (registrations plus leases) it names.
+    pub fn entry_count(&self) -> usize {
+        self.regs.len() + self.leases.len()
     }
 
     /// How many values were left out.

@@ -1,13 +1,19 @@
 //! # roster-transport: replication between roster nodes
 //!
-//! This crate will hold roster's replication protocol: a sans-I/O state machine that decides
-//! which deltas go to which peers, and a thin tokio driver that moves its bytes over
-//! WebSockets. It depends on `roster-registry` (the pure core) and is used by the `roster`
-//! crate (the agent, the embedded API and the CLI).
+//! - [`proto`]: the replication protocol as a state machine that performs no I/O: inputs
+//!   in, outputs (messages, dials, closes, events) out, time and randomness passed in.
+//! - [`message`]: the messages nodes exchange and their encoding.
+//! - [`buffer`]: the numbered buffer of recent deltas each peer is brought up to date from.
+//! - [`backoff`]: the retry policy every retry uses (exponential, jittered, capped).
+//! - [`sim`]: a deterministic simulator that drives many nodes through faults in one thread.
 //!
-//! Nothing is here yet: the protocol is the subject of the next piece of work (see
-//! `docs/design.md`, "Replication").
+//! It depends on `roster-registry` (the pure core) and is used by the `roster` crate.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod buffer;
+pub mod message;
+pub mod proto;
 
 pub use roster_registry as registry;

@@ -1,0 +1,147 @@
+//! The delta buffer: the deltas a node has made or learnt lately, numbered, so each peer can
+//! be sent the join of what it has not acknowledged (Algorithm 2 of the delta-state paper,
+//! as Akka Distributed Data does it).
+//!
+//! Bounded: past `capacity` entries the oldest go, and a peer whose acknowledgement falls
+//! before what remains gets a full (elided) state instead.
+
+use std::collections::VecDeque;
+
+use roster_registry::{ReplicaId, State};
+
+/// One buffered delta and the peer it came from (never sent back to it).
+#[derive(Debug, Clone)]
+struct Entry {
+    seq: u64,
+    origin: Option<ReplicaId>,
+    delta: State,
+}
+
+/// The bounded, numbered buffer of recent deltas.
+#[derive(Debug, Clone)]
+pub struct DeltaBuffer {
+    entries: VecDeque<Entry>,
+    head: u64,
+    capacity: usize,
+}
+
+impl DeltaBuffer {
+    /// An empty buffer keeping at most `capacity` deltas (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: VecDeque::new(),
+            head: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The sequence number of the newest delta (0 before the first).
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// How many deltas it holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends a delta learnt from `origin` (or made here, `None`); returns its number.
+    pub fn push(&mut self, origin: Option<ReplicaId>, delta: State) -> u64 {
+        self.head += 1;
+        self.entries.push_back(Entry {
+            seq: self.head,
+            origin,
+            delta,
+        });
+        while self.entries.len() > self.capacity {
+            self.entries.pop_front();
+        }
+        self.head
+    }
+
+    /// Whether every delta after `acked` is still held, so a peer that acknowledged `acked`
+    /// can be brought up to date from the buffer.
+    pub fn covers(&self, acked: u64) -> bool {
+        match self.entries.front() {
+            Some(first) => acked + 1 >= first.seq,
+            None => true,
+        }
+    }
+
+    /// The join of the deltas after `acked`, leaving out those learnt from `exclude`;
+    /// `None` when there is nothing to send. The caller checks [`DeltaBuffer::covers`].
+    pub fn since(&self, acked: u64, exclude: ReplicaId) -> Option<State> {
+        let mut out: Option<State> = None;
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.seq > acked && e.origin != Some(exclude))
+        {
+            match &mut out {
+                Some(s) => {
+                    s.join(e.delta.clone());
+                }
+                None => {
+                    let mut s = State::new_delta();
+                    s.join(e.delta.clone());
+                    out = Some(s);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roster_registry::{Endpoint, Hlc, ProviderId, Replica, ServiceName};
+
+    fn deltas(n: usize) -> Vec<State> {
+        let mut r = Replica::new(ReplicaId(1));
+        (0..n)
+            .map(|i| {
+                let s = ServiceName::new(&format!("s{i}")).unwrap();
+                let ep = Endpoint::new("h", 1).unwrap();
+                let p = ProviderId::new("p").unwrap();
+                r.register(s, p, ep, Default::default(), 1_000, Hlc::new(10 + i as u64, 0))
+                    .unwrap()
+                    .delta
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_peer_gets_what_it_has_not_acknowledged_and_nothing_it_sent() {
+        let mut b = DeltaBuffer::new(8);
+        let ds = deltas(3);
+        b.push(None, ds[0].clone());
+        b.push(Some(ReplicaId(9)), ds[1].clone());
+        b.push(None, ds[2].clone());
+        let to_9 = b.since(1, ReplicaId(9)).unwrap();
+        assert_eq!(
+            to_9.registration_count(),
+            1,
+            "the delta from 9 is not echoed back"
+        );
+        let to_5 = b.since(1, ReplicaId(5)).unwrap();
+        assert_eq!(to_5.registration_count(), 2);
+        assert!(b.since(3, ReplicaId(5)).is_none());
+        assert!(to_5.is_delta());
+    }
+
+    #[test]
+    fn overflow_uncovers_old_acknowledgements() {
+        let mut b = DeltaBuffer::new(2);
+        for d in deltas(5) {
+            b.push(None, d);
+        }
+        assert_eq!((b.head(), b.len()), (5, 2));
+        assert!(b.covers(3) && b.covers(5) && !b.covers(2));
+    }
+}

@@ -1,0 +1,232 @@
+//! The messages roster nodes exchange once a connection is authenticated, and their
+//! encoding: postcard, behind the protocol version agreed in the handshake.
+//!
+//! Registry payloads (digests, deltas, elided states) travel as the registry's own encoding
+//! inside a message, so they are checked by the same decoder whichever path they take.
+
+use roster_registry::codec;
+use roster_registry::{CausalContext, Elided, Hlc, State};
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The most entries (registrations plus leases) one delta may carry.
+pub const MAX_DELTA_ENTRIES: usize = 65_536;
+/// The most entries one full (elided) state may carry.
+pub const MAX_STATE_ENTRIES: usize = 4_000_000;
+/// The longest goodbye reason, in bytes.
+pub const MAX_REASON_LEN: usize = 256;
+
+/// One message between nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// What the sender has seen (its causal context). Sent when a connection opens and by
+    /// the periodic digest exchange. `reply` marks an answer, which is never answered.
+    Digest {
+        /// The encoded causal context.
+        ctx: Vec<u8>,
+        /// Whether this answers a digest.
+        reply: bool,
+    },
+    /// A delta: the join of the sender's buffered deltas up to `seq`.
+    Delta {
+        /// The sender's buffer sequence number this delta brings the receiver up to.
+        seq: u64,
+        /// The encoded delta.
+        delta: Vec<u8>,
+    },
+    /// The sender's whole state, elided against the receiver's digest.
+    Elided {
+        /// The sender's buffer sequence number at the time.
+        seq: u64,
+        /// The encoded elided state.
+        elided: Vec<u8>,
+    },
+    /// The receiver has joined the sender's deltas up to `seq`.
+    Ack {
+        /// The sequence number acknowledged.
+        seq: u64,
+    },
+    /// An elided state left out a value the receiver does not have: send a full state.
+    NeedFull,
+    /// The sender is closing this connection (shutting down, rotating, or refusing).
+    Goodbye {
+        /// Why, for the receiver's log.
+        reason: String,
+    },
+}
+
+/// A message with the sender's clock, so a receiver can refuse a peer whose clock runs
+/// too far ahead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The sender's hybrid logical clock when it sent the message.
+    pub sent_at: Hlc,
+    /// The message.
+    pub message: Message,
+}
+
+/// A message from a peer could not be used. The connection is closed with this reason;
+/// the node and its replica are unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// The bytes are not a message.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// The message carried trailing bytes.
+    #[error("{0} unexpected bytes after the message")]
+    TrailingBytes(usize),
+    /// A registry payload inside could not be decoded.
+    #[error("bad registry payload: {0}")]
+    Payload(#[from] roster_registry::DecodeError),
+    /// A delta carried more entries than allowed.
+    #[error("delta has {entries} entries, more than the {limit} allowed")]
+    TooManyEntries {
+        /// Entries found.
+        entries: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A goodbye reason was too long.
+    #[error("goodbye reason longer than {MAX_REASON_LEN} bytes")]
+    ReasonTooLong,
+}
+
+impl Envelope {
+    /// Encodes the envelope.
+    pub fn encode(&self) -> Vec<u8> {
+        match postcard::to_stdvec(self) {
+            Ok(v) => v,
+            Err(e) => unreachable!("postcard failed to encode a message: {e}"),
+        }
+    }
+
+    /// Decodes an envelope, refusing trailing bytes and over-long reasons.
+    ///
+    /// # Errors
+    /// [`MessageError`] when the bytes are not exactly one valid envelope.
+    pub fn decode(bytes: &[u8]) -> Result<Self, MessageError> {
+        let (env, rest): (Envelope, _) =
+            postcard::take_from_bytes(bytes).map_err(|e| MessageError::Malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(MessageError::TrailingBytes(rest.len()));
+        }
+        if let Message::Goodbye { reason } = &env.message {
+            if reason.len() > MAX_REASON_LEN {
+                return Err(MessageError::ReasonTooLong);
+            }
+        }
+        Ok(env)
+    }
+}
+
+impl Message {
+    /// A digest message for `ctx`.
+    pub fn digest(ctx: &CausalContext, reply: bool) -> Self {
+        Message::Digest {
+            ctx: codec::encode_context(ctx),
+            reply,
+        }
+    }
+
+    /// A delta message.
+    pub fn delta(seq: u64, delta: &State) -> Self {
+        Message::Delta {
+            seq,
+            delta: codec::encode_state(delta),
+        }
+    }
+
+    /// An elided-state message.
+    pub fn elided(seq: u64, elided: &Elided) -> Self {
+        Message::Elided {
+            seq,
+            elided: codec::encode_elided(elided),
+        }
+    }
+
+    /// A goodbye, its reason cut to [`MAX_REASON_LEN`] bytes.
+    pub fn goodbye(reason: &str) -> Self {
+        let mut end = reason.len().min(MAX_REASON_LEN);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        Message::Goodbye {
+            reason: reason[..end].to_string(),
+        }
+    }
+}
+
+/// Decodes a digest payload.
+///
+/// # Errors
+/// [`MessageError::Payload`] when it is not a valid causal context.
+pub fn decode_digest(bytes: &[u8]) -> Result<CausalContext, MessageError> {
+    Ok(codec::decode_context(bytes)?)
+}
+
+/// Decodes a delta payload, refusing one with more than [`MAX_DELTA_ENTRIES`] entries.
+///
+/// # Errors
+/// [`MessageError`] when it is not a valid state or is too large.
+pub fn decode_delta(bytes: &[u8]) -> Result<State, MessageError> {
+    let state = codec::decode_state(bytes)?;
+    let entries = state.registration_count() + state.lease_count();
+    if entries > MAX_DELTA_ENTRIES {
+        return Err(MessageError::TooManyEntries {
+            entries,
+            limit: MAX_DELTA_ENTRIES,
+        });
+    }
+    Ok(state)
+}
+
+/// Decodes an elided-state payload, refusing one with more than [`MAX_STATE_ENTRIES`] entries.
+///
+/// # Errors
+/// [`MessageError`] when it is not a valid elided state or is too large.
+pub fn decode_elided(bytes: &[u8]) -> Result<Elided, MessageError> {
+    let e = codec::decode_elided(bytes)?;
+    let entries = e.entry_count();
+    if entries > MAX_STATE_ENTRIES {
+        return Err(MessageError::TooManyEntries {
+            entries,
+            limit: MAX_STATE_ENTRIES,
+        });
+    }
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip_and_refuse_trailing_bytes_and_garbage() {
+        let env = Envelope {
+            sent_at: Hlc::new(5, 1),
+            message: Message::Ack { seq: 42 },
+        };
+        let mut bytes = env.encode();
+        assert_eq!(Envelope::decode(&bytes).unwrap(), env);
+        bytes.push(0);
+        assert_eq!(Envelope::decode(&bytes), Err(MessageError::TrailingBytes(1)));
+        for garbage in [&[][..], &[0xff; 40][..], &[7, 7, 7][..]] {
+            assert!(Envelope::decode(garbage).is_err());
+        }
+    }
+
+    #[test]
+    fn a_goodbye_reason_is_bounded_both_ways() {
+        let long = "é".repeat(500);
+        let Message::Goodbye { reason } = Message::goodbye(&long) else {
+            unreachable!()
+        };
+        assert!(reason.len() <= MAX_REASON_LEN);
+        let env = Envelope {
+            sent_at: Hlc::default(),
+            message: Message::Goodbye { reason: long },
+        };
+        assert_eq!(Envelope::decode(&env.encode()), Err(MessageError::ReasonTooLong));
+    }
+}

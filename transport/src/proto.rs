@@ -1,0 +1,908 @@
+//! The replication protocol as a state machine: it performs no I/O, reads no clock and
+//! draws no ambient random number.
+//!
+//! A driver feeds it inputs (`handle_*`, and the local writes) with the current wall time in
+//! milliseconds, then drains its outputs with [`Node::poll_output`] and calls
+//! [`Node::handle_timeout`] when [`Node::poll_timeout`] says. Outputs are messages to send,
+//! connections to open or close, and events (what readers see change). The tokio driver and
+//! the simulator are two such drivers.
+//!
+//! What it does (docs/design.md, "Replication", says why):
+//! - every node registers itself under the reserved service [`MEMBERS_SERVICE`], so the
+//!   member list is registry data; seeds only bootstrap it;
+//! - a new delta (a local write, or a received one that taught us something) is pushed after
+//!   `push_delay` to `fanout` random connected peers, never back to where it came from;
+//! - each gossip tick (jittered) `fanout` random connected peers get the join of what they
+//!   have not acknowledged; a peer the buffer no longer covers gets the elided full state;
+//! - a digest exchange with one random peer is the backstop; equal digests send nothing;
+//! - at most `max_outbound` outbound connections, rotated now and then; dials back off with
+//!   jitter ([`crate::backoff`]).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use roster_registry::{
+    CausalContext, Change, ClockSkew, Endpoint, HlcClock, InvalidInput, Metadata, ProviderId, Replica,
+    ReplicaId, ServiceName, State,
+};
+
+use crate::backoff::{Backoff, BackoffPolicy, Failure};
+use crate::buffer::DeltaBuffer;
+use crate::message::{self, Envelope, Message, MessageError};
+
+/// The service every roster node registers itself under.
+pub const MEMBERS_SERVICE: &str = "roster";
+
+/// A connection, as the driver numbers it.
+pub type ConnId = u64;
+
+/// Who a node is: its replica id, its name, and the URL peers dial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The replica id (stable across restarts).
+    pub id: ReplicaId,
+    /// A human name.
+    pub name: String,
+    /// Where peers reach it (`ws://host:port` or `wss://host:port`).
+    pub url: String,
+}
+
+/// What the driver should dial.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DialTarget {
+    /// A member, by id and URL.
+    Peer {
+        /// Its replica id.
+        id: ReplicaId,
+        /// Its URL.
+        url: String,
+    },
+    /// A seed URL given at start (its node is not known yet).
+    Seed {
+        /// The URL.
+        url: String,
+    },
+}
+
+/// Something the driver must do, or report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send a message on a connection.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// The message, stamped with our clock.
+        envelope: Envelope,
+    },
+    /// Open a connection (dial, then authenticate); report with `handle_connected` or
+    /// `handle_dial_failed`.
+    Dial(DialTarget),
+    /// Close a connection after sending what is queued on it.
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// What a read shows changed.
+    Event(Change),
+}
+
+/// The protocol's knobs. Durations in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Peers each push and gossip round goes to.
+    pub fanout: usize,
+    /// The gossip tick (jittered ±25%).
+    pub gossip_interval_ms: u64,
+    /// The digest exchange (jittered ±25%).
+    pub digest_interval_ms: u64,
+    /// How long new deltas wait to be batched into one push.
+    pub push_delay_ms: u64,
+    /// The most outbound connections.
+    pub max_outbound: usize,
+    /// The most inbound connections.
+    pub max_inbound: usize,
+    /// How often one outbound connection is swapped for another (jittered ±25%); 0 never.
+    pub rotate_interval_ms: u64,
+    /// Deltas kept for retransmission.
+    pub buffer_capacity: usize,
+    /// The lease of this node's own membership entry.
+    pub member_lease_ttl_ms: u64,
+    /// Grace past a lease's end before a node collects it (at least the allowed skew).
+    pub expire_grace_ms: u64,
+    /// No collection of expired leases until this long after start: a node that was down
+    /// must first hear the renewals it missed (no mass expiry after a restart).
+    pub expire_holdoff_ms: u64,
+    /// The most a peer's clock may run ahead of ours.
+    pub max_skew_ms: u64,
+    /// Whether to dial at all (`false`: accept connections only).
+    pub dial: bool,
+    /// The retry policy for dials.
+    pub backoff: BackoffPolicy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            fanout: 3,
+            gossip_interval_ms: 1_000,
+            digest_interval_ms: 30_000,
+            push_delay_ms: 2,
+            max_outbound: 3,
+            max_inbound: 64,
+            rotate_interval_ms: 300_000,
+            buffer_capacity: 1_024,
+            member_lease_ttl_ms: 60_000,
+            expire_grace_ms: 5_000,
+            expire_holdoff_ms: 90_000,
+            max_skew_ms: 5_000,
+            dial: true,
+            backoff: BackoffPolicy::default(),
+        }
+    }
+}
+
+/// Why a message from a peer was refused. The driver closes the connection with this
+/// reason; the replica is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The message or its payload could not be used.
+    #[error(transparent)]
+    Message(#[from] MessageError),
+    /// The peer's clock runs too far ahead.
+    #[error(transparent)]
+    Skew(#[from] ClockSkew),
+    /// A message arrived on a connection the node does not know.
+    #[error("message on unknown connection {0}")]
+    UnknownConnection(ConnId),
+}
+
+/// Counters of what the node did, for `roster status` and the benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Dials asked of the driver.
+    pub dials: u64,
+    /// Connections established (either direction).
+    pub connections: u64,
+    /// Messages queued to send.
+    pub messages_sent: u64,
+    /// Encoded bytes of those messages.
+    pub bytes_sent: u64,
+    /// Messages handled.
+    pub messages_received: u64,
+    /// Deltas that taught us something.
+    pub deltas_applied: u64,
+    /// Elided full states sent.
+    pub full_syncs_sent: u64,
+    /// Elided full states received.
+    pub full_syncs_received: u64,
+    /// Messages refused (the connection was closed).
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Conn {
+    peer: ReplicaId,
+    outbound: bool,
+    opened_at: u64,
+}
+
+/// What we know of another node.
+#[derive(Debug, Clone, Default)]
+struct Peer {
+    /// The last of our buffer's numbers it acknowledged.
+    acked: Option<u64>,
+    /// Its last digest.
+    digest: Option<CausalContext>,
+    backoff: Backoff,
+    dialing: bool,
+}
+
+/// One registration this node owns and keeps alive.
+#[derive(Debug, Clone)]
+struct Owned {
+    endpoint: Endpoint,
+    meta: Metadata,
+    ttl_ms: u64,
+}
+
+/// The protocol state machine of one roster node.
+#[derive(Debug)]
+pub struct Node {
+    me: NodeInfo,
+    cfg: Config,
+    replica: Replica,
+    clock: HlcClock,
+    rng: SmallRng,
+    buffer: DeltaBuffer,
+    conns: BTreeMap<ConnId, Conn>,
+    peers: BTreeMap<ReplicaId, Peer>,
+    seeds: BTreeMap<String, (Backoff, bool)>,
+    owned: BTreeMap<(ServiceName, ProviderId), Owned>,
+    push_at: Option<u64>,
+    gossip_at: u64,
+    digest_at: u64,
+    renew_at: u64,
+    rotate_at: u64,
+    expire_from: u64,
+    outputs: VecDeque<Output>,
+    counters: Counters,
+    stopping: bool,
+}
+
+fn member_provider(id: ReplicaId) -> ProviderId {
+    match ProviderId::new(&format!("node-{id}")) {
+        Ok(p) => p,
+        Err(e) => unreachable!("a hex replica id is a valid provider id: {e}"),
+    }
+}
+
+fn members_service() -> ServiceName {
+    match ServiceName::new(MEMBERS_SERVICE) {
+        Ok(s) => s,
+        Err(e) => unreachable!("the members service name is valid: {e}"),
+    }
+}
+
+/// The host and port of a `ws://` or `wss://` URL.
+///
+/// # Errors
+/// [`InvalidInput::Endpoint`] when the URL has no host or port.
+pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
+    let rest = url
+        .strip_prefix("ws://")
+        .or_else(|| url.strip_prefix("wss://"))
+        .unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    Endpoint::parse(authority)
+}
+
+impl Node {
+    /// A node resuming `replica` (empty for a new node), known as `me`, that will dial
+    /// `seeds` to join. `seed` drives every random choice; `now_ms` is the wall time.
+    ///
+    /// It registers itself as a member at once.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] when `me.url` has no host and port, or `me.name` is too long.
+    pub fn new(
+        me: NodeInfo,
+        replica: Replica,
+        seeds: impl IntoIterator<Item = String>,
+        cfg: Config,
+        seed: u64,
+        now_ms: u64,
+    ) -> Result<Self, InvalidInput> {
+        let endpoint = url_endpoint(&me.url)?;
+        let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
+        roster_registry::validate_metadata(&meta)?;
+        let last_seen = replica.state().latest_time();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let jitter = |rng: &mut SmallRng, d: u64| d * 3 / 4 + rng.random_range(0..=d / 2);
+        let gossip_at = now_ms + jitter(&mut rng, cfg.gossip_interval_ms);
+        let digest_at = now_ms + jitter(&mut rng, cfg.digest_interval_ms);
+        let rotate_at = now_ms + jitter(&mut rng, cfg.rotate_interval_ms.max(1));
+        let mut node = Self {
+            me,
+            cfg,
+            replica,
+            clock: HlcClock::resume_after(last_seen),
+            rng,
+            buffer: DeltaBuffer::new(cfg.buffer_capacity),
+            conns: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            seeds: seeds
+                .into_iter()
+                .map(|u| (u, (Backoff::default(), false)))
+                .collect(),
+            owned: BTreeMap::new(),
+            push_at: None,
+            gossip_at,
+            digest_at,
+            renew_at: now_ms,
+            rotate_at,
+            expire_from: now_ms + cfg.expire_holdoff_ms,
+            outputs: VecDeque::new(),
+            counters: Counters::default(),
+            stopping: false,
+        };
+        node.register(
+            members_service(),
+            member_provider(node.me.id),
+            endpoint,
+            meta,
+            cfg.member_lease_ttl_ms,
+            now_ms,
+        )?;
+        node.dial_more(now_ms);
+        Ok(node)
+    }
+
+    /// Who this node is.
+    pub fn info(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// The replica: read it for lookups (no network involved).
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// What the node has done so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The peers with an open connection, and whether we dialed it.
+    pub fn connected(&self) -> Vec<(ReplicaId, bool)> {
+        self.conns.values().map(|c| (c.peer, c.outbound)).collect()
+    }
+
+    /// The live members other than this node, by id, with their URL and name.
+    pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
+        let service = members_service();
+        self.replica
+            .instances(&service, now_ms)
+            .filter_map(|i| {
+                let id = i
+                    .provider
+                    .as_str()
+                    .strip_prefix("node-")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())?;
+                let id = ReplicaId(id);
+                let url = i.registration.meta.get("url")?.to_string();
+                let name = i.registration.meta.get("name").unwrap_or_default().to_string();
+                (id != self.me.id).then_some((id, url, name))
+            })
+            .collect()
+    }
+
+    /// Registers (or updates) an instance this node owns and keeps alive: it renews the
+    /// provider's lease, and writes the registration again if a peer's sweep removes it.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] when the metadata or TTL break a limit; nothing changes.
+    pub fn register(
+        &mut self,
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        ttl_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), InvalidInput> {
+        let now = self.clock.tick(now_ms);
+        let applied = self.replica.register(
+            service.clone(),
+            provider.clone(),
+            endpoint.clone(),
+            meta.clone(),
+            ttl_ms,
+            now,
+        )?;
+        self.owned.insert(
+            (service, provider),
+            Owned {
+                endpoint,
+                meta,
+                ttl_ms,
+            },
+        );
+        self.renew_at = self.renew_at.min(now_ms + ttl_ms / 3);
+        self.local_delta(applied.delta, applied.changes, now_ms);
+        Ok(())
+    }
+
+    /// Removes an instance this node owns. Returns whether there was one.
+    pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now_ms: u64) -> bool {
+        let owned = self.owned.remove(&(service.clone(), provider.clone())).is_some();
+        match self.replica.deregister(service.clone(), provider.clone(), now_ms) {
+            Some(applied) => {
+                self.local_delta(applied.delta, applied.changes, now_ms);
+                true
+            }
+            None => owned,
+        }
+    }
+
+    fn local_delta(&mut self, delta: State, changes: Vec<Change>, now_ms: u64) {
+        self.buffer.push(None, delta);
+        self.schedule_push(now_ms);
+        self.emit_changes(changes, now_ms);
+    }
+
+    fn emit_changes(&mut self, changes: Vec<Change>, now_ms: u64) {
+        let mut lost = Vec::new();
+        for c in changes {
+            if let Change::Down { service, provider } = &c {
+                if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
+                    lost.push((service.clone(), provider.clone(), o.clone()));
+                }
+            }
+            self.outputs.push_back(Output::Event(c));
+        }
+        // A peer's sweep removed a registration we still hold (its lease looked ended
+        // there): write it again. Our own replica is the source of truth for what we own.
+        for (s, p, o) in lost {
+            if self.stopping {
+                break;
+            }
+            let now = self.clock.tick(now_ms);
+            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, o.ttl_ms, now) {
+                self.buffer.push(None, applied.delta);
+                self.schedule_push(now_ms);
+                for c in applied.changes {
+                    self.outputs.push_back(Output::Event(c));
+                }
+            }
+        }
+    }
+
+    fn schedule_push(&mut self, now_ms: u64) {
+        if self.push_at.is_none() {
+            self.push_at = Some(now_ms + self.cfg.push_delay_ms);
+        }
+    }
+
+    /// The next output, if any. Call until `None` after every input.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`Node::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> u64 {
+        let mut t = self
+            .gossip_at
+            .min(self.digest_at)
+            .min(self.renew_at)
+            .min(self.rotate_at);
+        if let Some(p) = self.push_at {
+            t = t.min(p);
+        }
+        t
+    }
+
+    /// Runs whatever timers are due at `now_ms`.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        if self.push_at.is_some_and(|t| t <= now_ms) {
+            self.push_at = None;
+            self.push(now_ms);
+        }
+        if self.renew_at <= now_ms {
+            self.renew(now_ms);
+        }
+        if self.gossip_at <= now_ms {
+            self.gossip_at = now_ms + self.jitter(self.cfg.gossip_interval_ms);
+            self.gossip(now_ms);
+            self.expire(now_ms);
+            self.dial_more(now_ms);
+        }
+        if self.digest_at <= now_ms {
+            self.digest_at = now_ms + self.jitter(self.cfg.digest_interval_ms);
+            if let Some(p) = self.random_connected(1, None).pop() {
+                self.send_to_peer(p, Message::digest(self.replica.context(), false), now_ms);
+            }
+        }
+        if self.rotate_at <= now_ms {
+            self.rotate_at = now_ms + self.jitter(self.cfg.rotate_interval_ms.max(1));
+            if self.cfg.rotate_interval_ms > 0 {
+                self.rotate(now_ms);
+            }
+        }
+    }
+
+    fn jitter(&mut self, d: u64) -> u64 {
+        (d * 3 / 4 + self.rng.random_range(0..=d / 2)).max(1)
+    }
+
+    fn renew(&mut self, now_ms: u64) {
+        let providers: BTreeMap<ProviderId, u64> = self
+            .owned
+            .iter()
+            .map(|((_, p), o)| (p.clone(), o.ttl_ms))
+            .collect();
+        let mut next = u64::MAX;
+        for (p, ttl) in providers {
+            let now = self.clock.tick(now_ms);
+            if let Ok(applied) = self.replica.renew(p, ttl, now) {
+                self.buffer.push(None, applied.delta);
+                self.schedule_push(now_ms);
+            }
+            next = next.min(now_ms + ttl / 3);
+        }
+        self.renew_at = next;
+    }
+
+    fn expire(&mut self, now_ms: u64) {
+        if now_ms < self.expire_from {
+            return;
+        }
+        if let Some(applied) = self.replica.expire(now_ms, self.cfg.expire_grace_ms) {
+            self.local_delta(applied.delta, applied.changes, now_ms);
+        }
+    }
+
+    /// Up to `n` distinct random peers with an open connection, other than `except`.
+    fn random_connected(&mut self, n: usize, except: Option<ReplicaId>) -> Vec<ReplicaId> {
+        let mut peers: Vec<ReplicaId> = self
+            .conns
+            .values()
+            .map(|c| c.peer)
+            .filter(|p| Some(*p) != except)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut chosen = Vec::new();
+        while chosen.len() < n && !peers.is_empty() {
+            let i = self.rng.random_range(0..peers.len());
+            chosen.push(peers.swap_remove(i));
+        }
+        chosen
+    }
+
+    /// Pushes new deltas to `fanout` random peers that are up to date but for them.
+    fn push(&mut self, now_ms: u64) {
+        for p in self.random_connected(self.cfg.fanout, None) {
+            self.sync_peer(p, false, now_ms);
+        }
+    }
+
+    fn gossip(&mut self, now_ms: u64) {
+        for p in self.random_connected(self.cfg.fanout, None) {
+            self.sync_peer(p, true, now_ms);
+        }
+    }
+
+    /// Sends `peer` what it has not acknowledged: from the buffer when it covers the peer's
+    /// acknowledgement, else (on a gossip round) the state elided against its digest.
+    fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now_ms: u64) {
+        let head = self.buffer.head();
+        let acked = self.peers.get(&peer).and_then(|p| p.acked);
+        match acked {
+            Some(a) if a >= head => {}
+            Some(a) if self.buffer.covers(a) => match self.buffer.since(a, peer) {
+                Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
+                // Everything since was learnt from the peer itself.
+                None => {
+                    if let Some(p) = self.peers.get_mut(&peer) {
+                        p.acked = Some(head);
+                    }
+                }
+            },
+            _ if repair => match self.peers.get(&peer).and_then(|p| p.digest.clone()) {
+                Some(digest) => self.send_full(peer, &digest, now_ms),
+                None => self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms),
+            },
+            _ => {}
+        }
+    }
+
+    fn send_full(&mut self, peer: ReplicaId, digest: &CausalContext, now_ms: u64) {
+        let elided = self.replica.elide_for(digest);
+        self.counters.full_syncs_sent += 1;
+        let head = self.buffer.head();
+        self.send_to_peer(peer, Message::elided(head, &elided), now_ms);
+    }
+
+    /// Sends on one of the peer's connections (the oldest).
+    fn send_to_peer(&mut self, peer: ReplicaId, message: Message, now_ms: u64) {
+        if let Some((&conn, _)) = self.conns.iter().find(|(_, c)| c.peer == peer) {
+            self.send(conn, message, now_ms);
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, message: Message, now_ms: u64) {
+        let envelope = Envelope {
+            sent_at: self.clock.tick(now_ms),
+            message,
+        };
+        self.counters.messages_sent += 1;
+        self.counters.bytes_sent += envelope.encode().len() as u64;
+        self.outputs.push_back(Output::Send { conn, envelope });
+    }
+
+    /// Live members we may dial: not connected, not being dialed, past their backoff.
+    fn dial_more(&mut self, now_ms: u64) {
+        if !self.cfg.dial || self.stopping {
+            return;
+        }
+        let outbound = self.conns.values().filter(|c| c.outbound).count()
+            + self.peers.values().filter(|p| p.dialing).count()
+            + self.seeds.values().filter(|(_, dialing)| *dialing).count();
+        let mut room = self.cfg.max_outbound.saturating_sub(outbound);
+        if room == 0 {
+            return;
+        }
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        let mut candidates: Vec<(ReplicaId, String)> = self
+            .members(now_ms)
+            .into_iter()
+            .filter(|(id, _, _)| !connected.contains(id))
+            .filter(|(id, _, _)| {
+                self.peers
+                    .get(id)
+                    .is_none_or(|p| !p.dialing && p.backoff.ready(now_ms))
+            })
+            .map(|(id, url, _)| (id, url))
+            .collect();
+        while room > 0 && !candidates.is_empty() {
+            let i = self.rng.random_range(0..candidates.len());
+            let (id, url) = candidates.swap_remove(i);
+            self.peers.entry(id).or_default().dialing = true;
+            self.counters.dials += 1;
+            self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+            room -= 1;
+        }
+        // Seeds bootstrap a node that knows no member yet.
+        if connected.is_empty() && self.members(now_ms).is_empty() {
+            let ready: Vec<String> = self
+                .seeds
+                .iter()
+                .filter(|(_, (b, dialing))| !dialing && b.ready(now_ms))
+                .map(|(u, _)| u.clone())
+                .collect();
+            for url in ready.into_iter().take(room) {
+                if let Some(s) = self.seeds.get_mut(&url) {
+                    s.1 = true;
+                }
+                self.counters.dials += 1;
+                self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
+            }
+        }
+    }
+
+    fn rotate(&mut self, now_ms: u64) {
+        let outbound: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.outbound)
+            .map(|(id, _)| *id)
+            .collect();
+        let others = self.members(now_ms).len();
+        if outbound.len() < self.cfg.max_outbound || others <= outbound.len() {
+            return;
+        }
+        let conn = outbound[self.rng.random_range(0..outbound.len())];
+        self.close(conn, "rotating to another peer", now_ms);
+    }
+
+    fn close(&mut self, conn: ConnId, reason: &str, now_ms: u64) {
+        self.send(conn, Message::goodbye(reason), now_ms);
+        self.outputs.push_back(Output::Close {
+            conn,
+            reason: reason.to_string(),
+        });
+        self.conns.remove(&conn);
+    }
+
+    /// A dial failed (or its handshake did). `draw` feeds the backoff jitter.
+    pub fn handle_dial_failed(&mut self, target: &DialTarget, failure: Failure, now_ms: u64) {
+        let draw = self.rng.random::<u64>();
+        let policy = self.cfg.backoff;
+        match target {
+            DialTarget::Peer { id, .. } => {
+                let p = self.peers.entry(*id).or_default();
+                p.dialing = false;
+                p.backoff.fail(&policy, failure, now_ms, draw);
+            }
+            DialTarget::Seed { url } => {
+                if let Some((b, dialing)) = self.seeds.get_mut(url) {
+                    *dialing = false;
+                    b.fail(&policy, failure, now_ms, draw);
+                }
+            }
+        }
+    }
+
+    /// A connection is open and authenticated: `peer` is who answered. `seed` is the seed
+    /// URL it was dialed as, if any.
+    ///
+    /// Returns `false` (and asks the driver to close it) when the node refuses it: too many
+    /// inbound connections, or it is ourselves.
+    pub fn handle_connected(
+        &mut self,
+        conn: ConnId,
+        peer: &NodeInfo,
+        outbound: bool,
+        seed: Option<&str>,
+        now_ms: u64,
+    ) -> bool {
+        if let Some(url) = seed {
+            if let Some(s) = self.seeds.get_mut(url) {
+                s.1 = false;
+            }
+        }
+        if let Some(p) = self.peers.get_mut(&peer.id) {
+            p.dialing = false;
+        }
+        let inbound = self.conns.values().filter(|c| !c.outbound).count();
+        let refuse = if peer.id == self.me.id {
+            Some("connected to itself")
+        } else if !outbound && inbound >= self.cfg.max_inbound {
+            Some("too many inbound connections")
+        } else if self.stopping {
+            Some("shutting down")
+        } else {
+            None
+        };
+        if let Some(reason) = refuse {
+            self.conns.insert(
+                conn,
+                Conn {
+                    peer: peer.id,
+                    outbound,
+                    opened_at: now_ms,
+                },
+            );
+            self.close(conn, reason, now_ms);
+            return false;
+        }
+        self.counters.connections += 1;
+        self.conns.insert(
+            conn,
+            Conn {
+                peer: peer.id,
+                outbound,
+                opened_at: now_ms,
+            },
+        );
+        self.peers.entry(peer.id).or_default();
+        // Each side says what it has seen; the other answers with what is missing.
+        self.send(conn, Message::digest(self.replica.context(), false), now_ms);
+        true
+    }
+
+    /// A connection closed (by the peer, the network, or us).
+    pub fn handle_disconnected(&mut self, conn: ConnId, now_ms: u64) {
+        let Some(c) = self.conns.remove(&conn) else { return };
+        if c.outbound {
+            let draw = self.rng.random::<u64>();
+            let policy = self.cfg.backoff;
+            let p = self.peers.entry(c.peer).or_default();
+            p.backoff
+                .closed(&policy, now_ms.saturating_sub(c.opened_at), now_ms, draw);
+        }
+    }
+
+    /// A message arrived on `conn`.
+    ///
+    /// # Errors
+    /// [`ProtocolError`] when it cannot be used; the driver closes the connection with the
+    /// error as reason. Nothing in the replica changed.
+    pub fn handle_message(
+        &mut self,
+        conn: ConnId,
+        envelope: Envelope,
+        now_ms: u64,
+    ) -> Result<(), ProtocolError> {
+        let Some(peer) = self.conns.get(&conn).map(|c| c.peer) else {
+            return Err(ProtocolError::UnknownConnection(conn));
+        };
+        self.counters.messages_received += 1;
+        let result = self.handle(conn, peer, envelope, now_ms);
+        if let Err(e) = &result {
+            self.counters.refused += 1;
+            self.close(conn, &e.to_string(), now_ms);
+        }
+        result
+    }
+
+    fn handle(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        envelope: Envelope,
+        now_ms: u64,
+    ) -> Result<(), ProtocolError> {
+        self.clock
+            .observe(envelope.sent_at, now_ms, self.cfg.max_skew_ms)?;
+        match envelope.message {
+            Message::Digest { ctx, reply } => {
+                let theirs = message::decode_digest(&ctx)?;
+                let ours = self.replica.context().clone();
+                self.peers.entry(peer).or_default().digest = Some(theirs.clone());
+                if !theirs.includes(&ours) {
+                    // They lack something: from the buffer if it covers them, else in full.
+                    let acked = self.peers.get(&peer).and_then(|p| p.acked);
+                    match acked {
+                        Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
+                            self.sync_peer(peer, false, now_ms)
+                        }
+                        _ => self.send_full(peer, &theirs, now_ms),
+                    }
+                }
+                if !reply && !ours.includes(&theirs) {
+                    self.send(conn, Message::digest(&ours, true), now_ms);
+                }
+            }
+            Message::Delta { seq, delta } => {
+                let delta = message::decode_delta(&delta)?;
+                self.apply(peer, delta, now_ms);
+                self.send(conn, Message::Ack { seq }, now_ms);
+            }
+            Message::Elided { seq, elided } => {
+                let elided = message::decode_elided(&elided)?;
+                self.counters.full_syncs_received += 1;
+                match self.replica.apply_elided(elided, now_ms) {
+                    Ok((report, changes)) => {
+                        if report.changed() {
+                            self.counters.deltas_applied += 1;
+                            self.learnt_out_of_band(now_ms);
+                        }
+                        self.emit_changes(changes, now_ms);
+                        self.send(conn, Message::Ack { seq }, now_ms);
+                    }
+                    Err(_) => self.send(conn, Message::NeedFull, now_ms),
+                }
+            }
+            Message::Ack { seq } => {
+                let p = self.peers.entry(peer).or_default();
+                p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
+            }
+            Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
+            Message::Goodbye { .. } => {
+                self.conns.remove(&conn);
+                self.outputs.push_back(Output::Close {
+                    conn,
+                    reason: "peer said goodbye".to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, from: ReplicaId, delta: State, now_ms: u64) {
+        let forward = delta.clone();
+        let (report, changes) = self.replica.apply(delta, now_ms);
+        if report.changed() {
+            self.counters.deltas_applied += 1;
+            self.buffer.push(Some(from), forward);
+            self.schedule_push(now_ms);
+        }
+        self.emit_changes(changes, now_ms);
+    }
+
+    /// A full sync taught us things the buffer does not hold: peers' acknowledgements no
+    /// longer mean they have everything we have, so ask each what it lacks.
+    fn learnt_out_of_band(&mut self, now_ms: u64) {
+        for p in self.peers.values_mut() {
+            p.acked = None;
+        }
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        for peer in connected {
+            self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms);
+        }
+    }
+
+    /// Leaves the cluster gracefully: removes everything this node owns (its membership
+    /// too), pushes that to every connected peer at once, and says goodbye. The driver then
+    /// flushes the outputs and closes within its deadline.
+    pub fn shutdown(&mut self, now_ms: u64) {
+        self.stopping = true;
+        let providers: BTreeSet<ProviderId> = self.owned.keys().map(|(_, p)| p.clone()).collect();
+        self.owned.clear();
+        let mut farewell = State::new_delta();
+        for p in providers {
+            if let Some(applied) = self.replica.deregister_provider(&p, now_ms) {
+                farewell.join(applied.delta.clone());
+                self.buffer.push(None, applied.delta);
+                for c in applied.changes {
+                    self.outputs.push_back(Output::Event(c));
+                }
+            }
+        }
+        // Every connected peer hears the removals now, not at its next gossip round.
+        let head = self.buffer.head();
+        let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        for p in peers {
+            self.send_to_peer(p, Message::delta(head, &farewell), now_ms);
+        }
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for c in conns {
+            self.close(c, "shutting down", now_ms);
+        }
+        self.push_at = None;
+    }
+}
