@@ -17,3 +17,9 @@ mod registry_codec;
 
 /// Size stays bounded by live services however long the churn.
 mod registry_size;
+
+/// The replication protocol in the deterministic simulator: many nodes, faults, then healing.
+mod transport_sim;
+
+/// Real nodes over loopback WebSockets: convergence, authentication, limits.
+mod transport_loopback;

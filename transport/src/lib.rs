@@ -6,6 +6,10 @@
 //! - [`buffer`]: the numbered buffer of recent deltas each peer is brought up to date from.
 //! - [`backoff`]: the retry policy every retry uses (exponential, jittered, capped).
 //! - [`sim`]: a deterministic simulator that drives many nodes through faults in one thread.
+//! - [`handshake`]: how two nodes authenticate each other (a challenge-response over the
+//!   cluster secret) before any protocol message.
+//! - [`driver`]: the tokio driver: WebSockets (tokio-tungstenite), the listener, dials,
+//!   limits, and graceful shutdown.
 //!
 //! It depends on `roster-registry` (the pure core) and is used by the `roster` crate.
 #![deny(missing_docs)]
@@ -13,7 +17,10 @@
 
 pub mod backoff;
 pub mod buffer;
+pub mod driver;
+pub mod handshake;
 pub mod message;
 pub mod proto;
+pub mod sim;
 
 pub use roster_registry as registry;

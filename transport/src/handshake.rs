@@ -1,0 +1,1 @@
+//! The handshake (being written).
