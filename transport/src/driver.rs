@@ -1,1 +1,422 @@
-//! The tokio driver (being written).
+//! The tokio driver: it runs a [`Node`] (the protocol state machine) over WebSockets.
+//!
+//! [`start`] takes an already-bound listener and a shutdown token, and returns a [`Handle`].
+//! Inside:
+//! - one **node task** owns the [`Node`]: it feeds it connection events, the handle's
+//!   commands and timeouts, and carries out its outputs (sends, dials, closes, events);
+//! - an **accept task** takes inbound TCP connections (up to `max_inbound`, counted before
+//!   the handshake);
+//! - one task per **connection** (inbound, or dialed when the node says `Dial`) does the
+//!   WebSocket upgrade (subprotocol `roster.v1`), the [`crate::handshake`], then moves
+//!   frames both ways. The per-connection code is generic over the byte stream.
+//!
+//! Everything from outside is bounded ([`Limits`]): message and frame size, the handshake
+//! time, inbound connections, frames per second per connection, the send queue per
+//! connection, and entries per delta (checked by [`crate::message::decode_delta`]). Going
+//! over a limit closes that connection with a reason, counts it ([`DriverCounters`]) and
+//! logs it; the node and its replica are untouched.
+//!
+//! Shutdown is a protocol step ([`Handle::shutdown`], or cancelling the token): stop
+//! accepting and dialing, [`Node::shutdown`] (which removes what this node owns and pushes
+//! that farewell delta to every connected peer, then says goodbye), let each connection
+//! flush its queue and close, and cut whatever is left at [`Limits::shutdown_deadline`].
+//!
+//! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
+//! after each local write and at most every few milliseconds while deltas arrive.
+
+mod conn;
+mod limits;
+mod node;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use roster_registry::{
+    Change, Endpoint, InvalidInput, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn, Instrument};
+
+pub use limits::{DriverCounters, Limits};
+
+use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
+use crate::proto::{self, Node, NodeInfo};
+use conn::{InboundGuard, Shared};
+use node::{Command, NodeTask, Publish, Status};
+
+/// Change events a subscriber may fall behind by before it is told it lagged.
+const EVENT_CAPACITY: usize = 1_024;
+/// Connection events queued to the node task (readers wait when it is full).
+const EVENT_QUEUE: usize = 1_024;
+/// Commands queued from handles.
+const COMMAND_QUEUE: usize = 256;
+/// Pause after a failed accept (out of file descriptors, say) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The wall clock in milliseconds since the epoch, as the state machine takes it.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// The cluster name; peers of another cluster are refused.
+    pub cluster: String,
+    /// This node's name (for people and logs).
+    pub name: String,
+    /// The URL peers dial; `None` uses `ws://` and the listener's address.
+    pub advertise_url: Option<String>,
+    /// The cluster secret. Without one, the node runs unauthenticated and may listen on
+    /// loopback only.
+    pub secret: Option<Secret>,
+    /// The protocol's knobs.
+    pub protocol: proto::Config,
+    /// Limits on peers.
+    pub limits: Limits,
+}
+
+impl DriverConfig {
+    /// A configuration with default protocol knobs and limits, no secret, and the
+    /// listener's address as advertise URL.
+    pub fn new(cluster: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            name: name.into(),
+            advertise_url: None,
+            secret: None,
+            protocol: proto::Config::default(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Why a node could not start. Nothing was spawned.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No secret, and the listener is not on loopback.
+    #[error(
+        "no cluster secret: a node without one may listen on loopback only, not on {addr}; \
+         configure a secret"
+    )]
+    Unauthenticated {
+        /// The listener's address.
+        addr: SocketAddr,
+    },
+    /// The listener has no local address.
+    #[error("the listener has no local address: {0}")]
+    Listener(#[source] std::io::Error),
+    /// A name or URL is empty or too long.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The state machine refused the node's identity (its URL has no host and port, say).
+    #[error(transparent)]
+    Node(#[from] InvalidInput),
+    /// The OS gave no random seed.
+    #[error("no random seed from the OS: {0}")]
+    Random(getrandom::Error),
+}
+
+/// Why a handle's request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// The node is shutting down or has stopped; nothing changed.
+    #[error("the node has stopped")]
+    Stopped,
+    /// The registration broke a limit; nothing changed.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+}
+
+/// What a node has done: the protocol's counters and the driver's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeCounters {
+    /// Messages, connections and syncs, from the state machine.
+    pub protocol: proto::Counters,
+    /// Refusals and limits hit, from the driver.
+    pub driver: DriverCounters,
+}
+
+/// A running node: register and deregister instances, read the replica, watch changes,
+/// read counters, and shut down. Cheap to clone; every clone drives the same node.
+///
+/// Dropping every handle does not stop the node: cancel its token or call
+/// [`Handle::shutdown`].
+#[derive(Debug, Clone)]
+pub struct Handle {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    info: NodeInfo,
+    local_addr: SocketAddr,
+    commands: mpsc::Sender<Command>,
+    replica: watch::Receiver<Arc<Replica>>,
+    changes: broadcast::Sender<Change>,
+    status: watch::Receiver<Status>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    done: watch::Receiver<bool>,
+}
+
+/// Starts a node on `listener` (already bound: tests bind `127.0.0.1:0`), resuming
+/// `replica` (empty for a new node, its id the node's), and joining through `seeds`
+/// (`ws://host:port` URLs). It runs until `shutdown` is cancelled or
+/// [`Handle::shutdown`] is called. Call it within a tokio runtime.
+///
+/// # Errors
+/// [`StartError`] when the configuration is refused; nothing was spawned.
+pub fn start(
+    listener: TcpListener,
+    config: DriverConfig,
+    replica: Replica,
+    seeds: Vec<String>,
+    shutdown: CancellationToken,
+) -> Result<Handle, StartError> {
+    let local_addr = listener.local_addr().map_err(StartError::Listener)?;
+    if config.secret.is_none() && !local_addr.ip().is_loopback() {
+        return Err(StartError::Unauthenticated { addr: local_addr });
+    }
+    let url = config
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("ws://{local_addr}"));
+    for (what, value, max) in [
+        ("cluster name", &config.cluster, MAX_CLUSTER_LEN),
+        ("node name", &config.name, MAX_NAME_LEN),
+        ("advertise URL", &url, MAX_URL_LEN),
+    ] {
+        if value.is_empty() || value.len() > max {
+            return Err(StartError::Config(format!(
+                "the {what} must have 1 to {max} bytes"
+            )));
+        }
+    }
+    let info = NodeInfo {
+        id: replica.id(),
+        name: config.name.clone(),
+        url: url.clone(),
+    };
+    let seed = getrandom::u64().map_err(StartError::Random)?;
+    let node = Node::new(info.clone(), replica, seeds, config.protocol, seed, now_ms())?;
+
+    let shutdown = shutdown.child_token();
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+    let (changes, _) = broadcast::channel(EVENT_CAPACITY);
+    let (replica_tx, replica_rx) = watch::channel(Arc::new(node.replica().clone()));
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let (done_tx, done_rx) = watch::channel(false);
+    let handshake = HandshakeConfig {
+        cluster: config.cluster.clone(),
+        node: info.clone(),
+        secret: config.secret.clone(),
+        max_skew_ms: config.protocol.max_skew_ms,
+    };
+    let shared = Arc::new(Shared::new(
+        handshake,
+        config.limits,
+        config.protocol.max_inbound,
+        events_tx,
+        shutdown.clone(),
+    ));
+    let tracker = TaskTracker::new();
+    let span = tracing::info_span!("roster", node = %info.name);
+
+    if config.secret.is_none() {
+        warn!(node = info.name, %local_addr, "no cluster secret: peers are not authenticated (loopback only)");
+    }
+    info!(node = info.name, id = %info.id, %url, cluster = config.cluster, "listening");
+
+    tracker.spawn(accept_loop(listener, Arc::clone(&shared), tracker.clone()).instrument(span.clone()));
+    let task = NodeTask::new(
+        node,
+        Arc::clone(&shared),
+        tracker,
+        commands_rx,
+        events_rx,
+        Publish {
+            changes: changes.clone(),
+            replica: replica_tx,
+            status: status_tx,
+        },
+    );
+    tokio::spawn(
+        async move {
+            task.run().await;
+            done_tx.send_replace(true);
+        }
+        .instrument(span),
+    );
+    Ok(Handle {
+        inner: Arc::new(Inner {
+            info,
+            local_addr,
+            commands: commands_tx,
+            replica: replica_rx,
+            changes,
+            status: status_rx,
+            shared,
+            shutdown,
+            done: done_rx,
+        }),
+    })
+}
+
+/// Takes inbound connections until shutdown, dropping at once those over the inbound cap.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTracker) {
+    let inbound = Arc::new(AtomicUsize::new(0));
+    let node = shared.handshake.node.name.clone();
+    loop {
+        let accepted = tokio::select! {
+            () = shared.shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let (tcp, addr) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(node, "accept failed: {e}");
+                tokio::select! {
+                    () = shared.shutdown.cancelled() => break,
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                }
+            }
+        };
+        if inbound.load(std::sync::atomic::Ordering::Relaxed) >= shared.max_inbound {
+            limits::bump(&shared.counts.inbound_over_cap);
+            warn!(
+                node,
+                peer = %addr,
+                "dropped an inbound connection: {} already open (max_inbound)",
+                shared.max_inbound
+            );
+            continue;
+        }
+        limits::bump(&shared.counts.inbound_accepted);
+        let _ = tcp.set_nodelay(true);
+        let guard = InboundGuard::new(Arc::clone(&inbound));
+        tracker.spawn(conn::inbound(tcp, addr, Arc::clone(&shared), guard).in_current_span());
+    }
+    info!(node, "stopped accepting connections");
+}
+
+impl Handle {
+    /// Who this node is (its id, name and advertise URL).
+    pub fn info(&self) -> &NodeInfo {
+        &self.inner.info
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The replica as of now: read it for lookups (`instances`, `services`...). No network
+    /// is involved; a local write is visible at once, a peer's within milliseconds of its
+    /// arrival.
+    pub fn replica(&self) -> Arc<Replica> {
+        Arc::clone(&self.inner.replica.borrow())
+    }
+
+    /// A receiver that sees each new replica snapshot (`changed().await`).
+    pub fn watch_replica(&self) -> watch::Receiver<Arc<Replica>> {
+        self.inner.replica.clone()
+    }
+
+    /// The change events from now on: instances that came up (or changed) or went down.
+    /// A subscriber that falls more than 1,024 events behind gets `Lagged` and should
+    /// re-read the replica.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+
+    /// What the node has done so far.
+    pub fn counters(&self) -> NodeCounters {
+        NodeCounters {
+            protocol: self.inner.status.borrow().counters,
+            driver: self.inner.shared.counts.snapshot(),
+        }
+    }
+
+    /// The peers with an open, authenticated connection, and whether we dialed it.
+    pub fn connected(&self) -> Vec<(ReplicaId, bool)> {
+        self.inner.status.borrow().connected.clone()
+    }
+
+    /// Registers (or updates) an instance this node owns and keeps its lease alive; the
+    /// cluster hears of it within a push delay. `ttl` is the lease (100 ms to 24 h).
+    ///
+    /// # Errors
+    /// [`DriverError::Invalid`] when the metadata or TTL break a limit, or
+    /// [`DriverError::Stopped`]; nothing changed either way.
+    pub async fn register(
+        &self,
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        ttl: Duration,
+    ) -> Result<(), DriverError> {
+        let (reply, answer) = oneshot::channel();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let cmd = Command::Register {
+            service,
+            provider,
+            endpoint,
+            meta,
+            ttl_ms,
+            reply,
+        };
+        self.ask(cmd, answer).await?
+    }
+
+    /// Removes an instance this node owns. Returns whether there was one.
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn deregister(&self, service: ServiceName, provider: ProviderId) -> Result<bool, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Command::Deregister {
+                service,
+                provider,
+                reply,
+            },
+            answer,
+        )
+        .await?
+    }
+
+    async fn ask<T>(&self, cmd: Command, answer: oneshot::Receiver<T>) -> Result<T, DriverError> {
+        self.inner
+            .commands
+            .send(cmd)
+            .await
+            .map_err(|_| DriverError::Stopped)?;
+        answer.await.map_err(|_| DriverError::Stopped)
+    }
+
+    /// Leaves the cluster gracefully and waits until the node has stopped: stop accepting
+    /// and dialing, remove this node's registrations and push that to every connected
+    /// peer, say goodbye, flush and close every connection, all within
+    /// [`Limits::shutdown_deadline`] (then the rest is cut).
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        let mut done = self.inner.done.clone();
+        // An error means the node task is gone already.
+        let _ = done.wait_for(|d| *d).await;
+    }
+
+    /// Whether the node has stopped.
+    pub fn is_stopped(&self) -> bool {
+        *self.inner.done.borrow()
+    }
+}

@@ -1,0 +1,697 @@
+//! One connection: the WebSocket upgrade, the handshake, then frames both ways until either
+//! side closes. Generic over the byte stream, so TLS slots in under the WebSocket.
+//!
+//! A connection task reports to the node task (`ConnEvent`) and takes what to send from its
+//! own bounded queue (`Outgoing`). It never touches the node: a bad peer costs a closed
+//! connection, a count and a log line.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
+use tokio_tungstenite::tungstenite::error::CapacityError;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, Uri};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::limits::{bump, Counts, Limits, TokenBucket};
+use super::now_ms;
+use crate::backoff::Failure;
+use crate::handshake::{self, HandshakeConfig, HandshakeError, HandshakeMessage, RefusalKind, NONCE_LEN};
+use crate::message::Envelope;
+use crate::proto::{ConnId, DialTarget, NodeInfo};
+
+/// The WebSocket subprotocol roster peers speak; the server echoes it.
+pub(super) const SUBPROTOCOL: &str = "roster.v1";
+/// How long a closing connection waits for the peer's close frame.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+/// The longest close reason a WebSocket close frame carries, in bytes.
+const MAX_CLOSE_REASON: usize = 123;
+
+/// What the node task sends a connection.
+#[derive(Debug)]
+pub(super) enum Outgoing {
+    /// An encoded envelope.
+    Frame(Vec<u8>),
+    /// Close after what is queued, with this reason.
+    Close(String),
+}
+
+/// What connection tasks tell the node task.
+#[derive(Debug)]
+pub(super) enum ConnEvent {
+    /// A connection is authenticated.
+    Up {
+        conn: ConnId,
+        peer: NodeInfo,
+        outbound: bool,
+        seed: Option<String>,
+        tx: mpsc::Sender<Outgoing>,
+        kill: CancellationToken,
+    },
+    /// A message arrived.
+    Message { conn: ConnId, envelope: Envelope },
+    /// The connection is closed.
+    Down { conn: ConnId, reason: String },
+    /// A dial did not produce a connection.
+    DialFailed { target: DialTarget, failure: Failure },
+}
+
+/// What every connection task shares.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub handshake: HandshakeConfig,
+    pub limits: Limits,
+    pub max_inbound: usize,
+    pub events: mpsc::Sender<ConnEvent>,
+    pub counts: Counts,
+    /// Stops accepting, dialing and handshakes.
+    pub shutdown: CancellationToken,
+    /// Cuts every connection (the shutdown deadline passed).
+    pub abort: CancellationToken,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    pub(super) fn new(
+        handshake: HandshakeConfig,
+        limits: Limits,
+        max_inbound: usize,
+        events: mpsc::Sender<ConnEvent>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            handshake,
+            limits,
+            max_inbound,
+            events,
+            counts: Counts::default(),
+            shutdown,
+            abort: CancellationToken::new(),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    /// A connection id no other connection of this driver had.
+    pub(super) fn next_conn(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn ws_config(&self) -> WebSocketConfig {
+        WebSocketConfig::default()
+            .max_message_size(Some(self.limits.max_message_size))
+            .max_frame_size(Some(self.limits.max_frame_size))
+    }
+
+    fn node(&self) -> &str {
+        &self.handshake.node.name
+    }
+}
+
+/// Counts an inbound connection for the inbound cap while it lives.
+#[derive(Debug)]
+pub(super) struct InboundGuard(Arc<AtomicUsize>);
+
+impl InboundGuard {
+    pub(super) fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for InboundGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why a connection did not get as far as an authenticated peer.
+#[derive(Debug)]
+enum Fail {
+    /// We refused the peer, or it refused us.
+    Handshake(HandshakeError),
+    /// A frame over the size limit.
+    Oversize { size: usize, max_size: usize },
+    /// The network, the WebSocket upgrade, or a peer that hung up.
+    Network(String),
+    /// Not done within the handshake timeout.
+    Timeout,
+    /// Another node answered than the one dialed.
+    WrongPeer { expected: String, got: String },
+    /// The node is shutting down.
+    Cancelled,
+}
+
+impl Fail {
+    fn failure(&self) -> Failure {
+        match self {
+            Fail::Handshake(e) => e.failure(),
+            _ => Failure::Network,
+        }
+    }
+
+    /// Counts and logs the failure. `who` names the peer (its address or URL).
+    fn record(&self, shared: &Shared, who: &str) {
+        let node = shared.node();
+        let c = &shared.counts;
+        match self {
+            Fail::Handshake(HandshakeError::Refused { reason, .. }) => {
+                bump(&c.handshakes_rejected);
+                warn!(node, peer = who, "the peer refused our handshake: {reason}");
+            }
+            Fail::Handshake(e) => {
+                bump(&c.handshakes_refused);
+                warn!(node, peer = who, "refused a peer's handshake: {e}");
+            }
+            Fail::Oversize { size, max_size } => {
+                bump(&c.oversize);
+                warn!(
+                    node,
+                    peer = who,
+                    "closed a connection: a {size}-byte message, over the {max_size}-byte limit"
+                );
+            }
+            Fail::Timeout => {
+                bump(&c.handshake_timeouts);
+                warn!(
+                    node,
+                    peer = who,
+                    "closed a connection: no authenticated peer within {:?}",
+                    shared.limits.handshake_timeout
+                );
+            }
+            Fail::WrongPeer { expected, got } => {
+                warn!(
+                    node,
+                    peer = who,
+                    "dialed node {expected} but {got} answered; closing"
+                )
+            }
+            Fail::Network(e) => info!(
+                node,
+                peer = who,
+                "connection failed before the handshake completed: {e}"
+            ),
+            Fail::Cancelled => {}
+        }
+    }
+
+    /// The close frame to send, if any.
+    fn close_frame(&self) -> Option<CloseFrame> {
+        match self {
+            Fail::Handshake(HandshakeError::Refused { .. }) => {
+                Some(close_frame(CloseCode::Normal, "refused"))
+            }
+            Fail::Handshake(e) => Some(close_frame(CloseCode::Policy, &e.to_string())),
+            Fail::Oversize { max_size, .. } => Some(close_frame(
+                CloseCode::Size,
+                &format!("message over {max_size} bytes"),
+            )),
+            Fail::WrongPeer { .. } => Some(close_frame(CloseCode::Policy, "not the node dialed")),
+            Fail::Timeout | Fail::Network(_) | Fail::Cancelled => None,
+        }
+    }
+}
+
+fn ws_fail(e: WsError) -> Fail {
+    match e {
+        WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
+            Fail::Oversize { size, max_size }
+        }
+        e => Fail::Network(e.to_string()),
+    }
+}
+
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn close_frame(code: CloseCode, reason: &str) -> CloseFrame {
+    CloseFrame {
+        code,
+        reason: cut(reason, MAX_CLOSE_REASON).into(),
+    }
+}
+
+fn nonce() -> Result<[u8; NONCE_LEN], Fail> {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::fill(&mut n).map_err(|e| Fail::Network(format!("no random nonce from the OS: {e}")))?;
+    Ok(n)
+}
+
+/// Reads the next handshake frame, skipping pings.
+async fn recv_frame<S>(ws: &mut WebSocketStream<S>) -> Result<HandshakeMessage, Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        match ws.next().await {
+            None => return Err(Fail::Network("the peer hung up during the handshake".into())),
+            Some(Err(e)) => return Err(ws_fail(e)),
+            Some(Ok(WsMessage::Binary(b))) => return HandshakeMessage::decode(&b).map_err(Fail::Handshake),
+            Some(Ok(WsMessage::Text(_))) => {
+                return Err(Fail::Handshake(HandshakeError::Malformed("a text frame".into())))
+            }
+            Some(Ok(WsMessage::Close(f))) => {
+                let why = f.map(|f| f.reason.to_string()).unwrap_or_default();
+                return Err(Fail::Network(format!(
+                    "the peer closed during the handshake: {why}"
+                )));
+            }
+            Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {}
+        }
+    }
+}
+
+async fn send_frame<S>(ws: &mut WebSocketStream<S>, msg: &HandshakeMessage) -> Result<(), Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    ws.send(WsMessage::binary(msg.encode())).await.map_err(ws_fail)
+}
+
+/// Tells the peer why we stop (a refusal frame, then a close frame), briefly.
+async fn refuse<S>(ws: &mut WebSocketStream<S>, fail: &Fail)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let goodbye = async {
+        if let Fail::Handshake(e) = fail {
+            if let Some(refusal) = e.to_refusal() {
+                let _ = send_frame(ws, &refusal).await;
+            }
+        }
+        if let Some(frame) = fail.close_frame() {
+            let _ = ws.close(Some(frame)).await;
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_LINGER, goodbye).await;
+}
+
+async fn server_handshake<S>(ws: &mut WebSocketStream<S>, shared: &Shared) -> Result<NodeInfo, Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut server = handshake::Server::new(&shared.handshake, nonce()?);
+    let hello = recv_frame(ws).await?;
+    let challenge = server.on_hello(hello, now_ms()).map_err(Fail::Handshake)?;
+    send_frame(ws, &challenge).await?;
+    let proof = recv_frame(ws).await?;
+    let peer = server.on_proof(proof).map_err(Fail::Handshake)?;
+    send_frame(ws, &HandshakeMessage::Welcome).await?;
+    Ok(peer)
+}
+
+async fn client_handshake<S>(
+    ws: &mut WebSocketStream<S>,
+    shared: &Shared,
+    target: &DialTarget,
+) -> Result<NodeInfo, Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (client, hello) = handshake::Client::start(&shared.handshake, nonce()?, now_ms());
+    send_frame(ws, &hello).await?;
+    let challenge = recv_frame(ws).await?;
+    let (peer, proof) = client
+        .on_challenge(challenge, now_ms())
+        .map_err(Fail::Handshake)?;
+    if let DialTarget::Peer { id, .. } = target {
+        if *id != peer.id {
+            let _ = send_frame(
+                ws,
+                &HandshakeMessage::refused(RefusalKind::Unavailable, "not the node dialed"),
+            )
+            .await;
+            return Err(Fail::WrongPeer {
+                expected: id.to_string(),
+                got: peer.id.to_string(),
+            });
+        }
+    }
+    send_frame(ws, &proof).await?;
+    client
+        .on_outcome(recv_frame(ws).await?)
+        .map_err(Fail::Handshake)?;
+    Ok(peer)
+}
+
+/// Accepts the upgrade only for clients that ask for [`SUBPROTOCOL`], and echoes it.
+#[allow(clippy::result_large_err)] // the signature is tungstenite's
+fn check_subprotocol(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
+    let offered = req
+        .headers()
+        .get_all("Sec-WebSocket-Protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == SUBPROTOCOL);
+    if !offered {
+        let mut e = ErrorResponse::new(Some(format!("roster peers speak the {SUBPROTOCOL} subprotocol")));
+        *e.status_mut() = StatusCode::BAD_REQUEST;
+        return Err(e);
+    }
+    resp.headers_mut()
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
+    Ok(resp)
+}
+
+/// Runs `work` within the handshake timeout, unless the node shuts down first.
+async fn bounded<T>(shared: &Shared, work: impl Future<Output = Result<T, Fail>>) -> Result<T, Fail> {
+    tokio::select! {
+        () = shared.shutdown.cancelled() => Err(Fail::Cancelled),
+        r = tokio::time::timeout(shared.limits.handshake_timeout, work) => r.unwrap_or(Err(Fail::Timeout)),
+    }
+}
+
+/// Serves one accepted TCP connection: TLS if configured, the upgrade, the handshake, then
+/// the connection. `_guard` holds its place under the inbound cap until it ends.
+pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, _guard: InboundGuard) {
+    let who = addr.to_string();
+    let result = accept_over(&shared, async { Ok(tcp) }).await;
+    if let Err(fail) = result {
+        fail.record(&shared, &who);
+    }
+}
+
+async fn accept_over<S>(
+    shared: &Arc<Shared>,
+    stream: impl Future<Output = Result<S, Fail>>,
+) -> Result<(), Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let establish = async {
+        let stream = stream.await?;
+        let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
+            stream,
+            check_subprotocol,
+            Some(shared.ws_config()),
+        )
+        .await
+        .map_err(ws_fail)?;
+        match server_handshake(&mut ws, shared).await {
+            Ok(peer) => Ok((ws, peer)),
+            Err(fail) => {
+                refuse(&mut ws, &fail).await;
+                Err(fail)
+            }
+        }
+    };
+    let (ws, peer) = bounded(shared, establish).await?;
+    run(ws, shared.next_conn(), peer, false, None, Arc::clone(shared)).await;
+    Ok(())
+}
+
+/// The host and port of a `ws://` or `wss://` URL, and whether it is `wss`.
+fn parse_url(url: &str) -> Result<(Uri, String, u16, bool), Fail> {
+    let bad = |why: &str| Fail::Network(format!("cannot dial {url:?}: {why}"));
+    let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+    let tls = match uri.scheme_str() {
+        Some("ws") => false,
+        Some("wss") => true,
+        _ => return Err(bad("the scheme is neither ws nor wss")),
+    };
+    let host = uri.host().ok_or_else(|| bad("no host"))?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    Ok((uri, host, port, tls))
+}
+
+/// Dials `target`: TCP, TLS for `wss://`, the upgrade, the handshake, then the connection.
+/// A failure before the connection is up is reported as `DialFailed`.
+pub(super) async fn dial(target: DialTarget, shared: Arc<Shared>) {
+    let url = match &target {
+        DialTarget::Peer { url, .. } | DialTarget::Seed { url } => url.clone(),
+    };
+    let result = match parse_url(&url) {
+        Err(fail) => Err(fail),
+        Ok((uri, host, port, tls)) => {
+            let tcp = async move {
+                let tcp = TcpStream::connect((host.as_str(), port))
+                    .await
+                    .map_err(|e| Fail::Network(e.to_string()))?;
+                let _ = tcp.set_nodelay(true);
+                Ok((tcp, host))
+            };
+            if tls {
+                Err(Fail::Network(format!(
+                    "cannot dial {url}: wss:// is not supported yet"
+                )))
+            } else {
+                dial_over(&shared, &target, uri, async { Ok(tcp.await?.0) }).await
+            }
+        }
+    };
+    match result {
+        Ok(()) | Err(Fail::Cancelled) => {}
+        Err(fail) => {
+            fail.record(&shared, &url);
+            bump(&shared.counts.dial_failures);
+            let failure = fail.failure();
+            let _ = shared
+                .events
+                .send(ConnEvent::DialFailed { target, failure })
+                .await;
+        }
+    }
+}
+
+async fn dial_over<S>(
+    shared: &Arc<Shared>,
+    target: &DialTarget,
+    uri: Uri,
+    stream: impl Future<Output = Result<S, Fail>>,
+) -> Result<(), Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let establish = async {
+        let stream = stream.await?;
+        let request = ClientRequestBuilder::new(uri).with_sub_protocol(SUBPROTOCOL);
+        let (mut ws, _) =
+            tokio_tungstenite::client_async_with_config(request, stream, Some(shared.ws_config()))
+                .await
+                .map_err(ws_fail)?;
+        match client_handshake(&mut ws, shared, target).await {
+            Ok(peer) => Ok((ws, peer)),
+            Err(fail) => {
+                refuse(&mut ws, &fail).await;
+                Err(fail)
+            }
+        }
+    };
+    let (ws, peer) = bounded(shared, establish).await?;
+    let seed = match target {
+        DialTarget::Seed { url } => Some(url.clone()),
+        DialTarget::Peer { .. } => None,
+    };
+    run(ws, shared.next_conn(), peer, true, seed, Arc::clone(shared)).await;
+    Ok(())
+}
+
+/// How a connection ended.
+#[derive(Debug)]
+enum End {
+    /// The node closed it (after its goodbye).
+    Closed(String),
+    /// The peer closed it.
+    PeerClosed(String),
+    /// The network failed.
+    Failed(String),
+    /// The peer sent a frame over the size limit.
+    Oversize { size: usize, max_size: usize },
+    /// The peer sent something that is not a message.
+    Malformed(String),
+    /// The peer sent frames faster than the rate limit.
+    RateLimited,
+    /// The node task cut it (the peer reads too slowly) or the shutdown deadline passed.
+    Killed,
+}
+
+/// Runs an authenticated connection until either side closes it.
+async fn run<S>(
+    ws: WebSocketStream<S>,
+    conn: ConnId,
+    peer: NodeInfo,
+    outbound: bool,
+    seed: Option<String>,
+    shared: Arc<Shared>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel(shared.limits.send_queue_depth.max(1));
+    let kill = shared.abort.child_token();
+    let who = format!("{} ({})", peer.name, peer.id);
+    let up = ConnEvent::Up {
+        conn,
+        peer,
+        outbound,
+        seed,
+        tx,
+        kill: kill.clone(),
+    };
+    if shared.events.send(up).await.is_err() {
+        return;
+    }
+    let (mut sink, mut stream) = ws.split();
+    let end = tokio::select! {
+        () = kill.cancelled() => End::Killed,
+        end = read_loop(&mut stream, conn, &shared) => end,
+        end = write_loop(&mut sink, &mut rx) => end,
+    };
+    let node = shared.node();
+    let c = &shared.counts;
+    let limits = &shared.limits;
+    let (frame, reason) = match &end {
+        End::Closed(r) => (None, format!("closed: {r}")),
+        End::PeerClosed(r) => (None, format!("the peer closed: {r}")),
+        End::Failed(e) => (None, format!("failed: {e}")),
+        End::Oversize { size, max_size } => {
+            bump(&c.oversize);
+            let r = format!("a {size}-byte message, over the {max_size}-byte limit");
+            (Some(close_frame(CloseCode::Size, &r)), r)
+        }
+        End::Malformed(e) => {
+            bump(&c.malformed);
+            (Some(close_frame(CloseCode::Protocol, e)), e.clone())
+        }
+        End::RateLimited => {
+            bump(&c.rate_limited);
+            let r = format!(
+                "more than {} frames a second (burst {})",
+                limits.frames_per_second, limits.frame_burst
+            );
+            (Some(close_frame(CloseCode::Policy, &r)), r)
+        }
+        End::Killed if shared.abort.is_cancelled() => (None, "the shutdown deadline passed".to_string()),
+        End::Killed => {
+            let r = "reads too slowly: its send queue is full".to_string();
+            (Some(close_frame(CloseCode::Policy, &r)), r)
+        }
+    };
+    match &end {
+        End::Oversize { .. } | End::Malformed(_) | End::RateLimited | End::Killed => {
+            warn!(node, peer = %who, conn, "closed the connection: {reason}")
+        }
+        End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
+    }
+    let linger = !matches!(end, End::Failed(_)) && !shared.abort.is_cancelled();
+    if linger {
+        let closing = async {
+            match frame {
+                Some(frame) => {
+                    let _ = sink.send(WsMessage::Close(Some(frame))).await;
+                }
+                None => {
+                    let _ = sink.close().await;
+                }
+            }
+            // Let the peer's close frame arrive, so the close handshake completes.
+            while let Some(Ok(_)) = stream.next().await {}
+        };
+        tokio::select! {
+            () = shared.abort.cancelled() => {}
+            _ = tokio::time::timeout(CLOSE_LINGER, closing) => {}
+        }
+    }
+    let _ = shared.events.send(ConnEvent::Down { conn, reason }).await;
+}
+
+type WsRead<S> = SplitStream<WebSocketStream<S>>;
+type WsWrite<S> = SplitSink<WebSocketStream<S>, WsMessage>;
+
+/// Reads frames, rate-limited, and hands decoded envelopes to the node task.
+async fn read_loop<S>(stream: &mut WsRead<S>, conn: ConnId, shared: &Shared) -> End
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let limits = &shared.limits;
+    let mut bucket = TokenBucket::new(limits.frames_per_second, limits.frame_burst, Instant::now());
+    loop {
+        let msg = match stream.next().await {
+            None => return End::PeerClosed("the connection ended".into()),
+            Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
+                return End::Oversize { size, max_size }
+            }
+            Some(Err(e)) => return End::Failed(e.to_string()),
+            Some(Ok(m)) => m,
+        };
+        if !bucket.take(Instant::now()) {
+            return End::RateLimited;
+        }
+        match msg {
+            WsMessage::Binary(bytes) => match Envelope::decode(&bytes) {
+                Ok(envelope) => {
+                    if shared
+                        .events
+                        .send(ConnEvent::Message { conn, envelope })
+                        .await
+                        .is_err()
+                    {
+                        return End::Failed("the node stopped".into());
+                    }
+                }
+                Err(e) => return End::Malformed(e.to_string()),
+            },
+            WsMessage::Text(_) => return End::Malformed("a text frame".into()),
+            WsMessage::Close(f) => {
+                return End::PeerClosed(f.map(|f| f.reason.to_string()).unwrap_or_default());
+            }
+            WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_) => {}
+        }
+    }
+}
+
+/// Writes what the node task queues, batching what is already waiting into one flush.
+async fn write_loop<S>(sink: &mut WsWrite<S>, rx: &mut mpsc::Receiver<Outgoing>) -> End
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(out) = next.take() {
+            match out {
+                Outgoing::Frame(bytes) => {
+                    if let Err(e) = sink.feed(WsMessage::binary(bytes)).await {
+                        return End::Failed(e.to_string());
+                    }
+                }
+                Outgoing::Close(reason) => {
+                    let _ = sink
+                        .feed(WsMessage::Close(Some(close_frame(CloseCode::Normal, &reason))))
+                        .await;
+                    let _ = sink.flush().await;
+                    return End::Closed(reason);
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        if let Err(e) = sink.flush().await {
+            return End::Failed(e.to_string());
+        }
+    }
+    End::Closed("the node dropped the connection".into())
+}

@@ -1,0 +1,336 @@
+//! The node task: the one owner of the protocol state machine. It feeds it connection
+//! events, commands from handles and timeouts, and carries out what it outputs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use roster_registry::{
+    CausalContext, Change, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
+};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn, Instrument};
+
+use super::conn::{self, ConnEvent, Outgoing, Shared};
+use super::limits::bump;
+use super::{now_ms, DriverError};
+use crate::message::Message;
+use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
+
+/// The least time between two published replica snapshots, so a burst of deltas costs
+/// one copy, not one per delta. A handle's own writes are published at once.
+const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(10);
+/// The longest the node task sleeps without looking at the wall clock again (it may jump).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// How long cut connections get to finish after the shutdown deadline.
+const ABORT_GRACE: Duration = Duration::from_millis(500);
+
+/// What a handle asks of the node task.
+#[derive(Debug)]
+pub(super) enum Command {
+    Register {
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        ttl_ms: u64,
+        reply: oneshot::Sender<Result<(), DriverError>>,
+    },
+    Deregister {
+        service: ServiceName,
+        provider: ProviderId,
+        reply: oneshot::Sender<Result<bool, DriverError>>,
+    },
+}
+
+/// What handles read of the node besides its replica.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Status {
+    pub counters: Counters,
+    pub connected: Vec<(ReplicaId, bool)>,
+}
+
+/// A connection as the node task holds it.
+#[derive(Debug)]
+struct Slot {
+    tx: mpsc::Sender<Outgoing>,
+    kill: CancellationToken,
+}
+
+/// The channels the node task publishes on.
+#[derive(Debug)]
+pub(super) struct Publish {
+    pub changes: broadcast::Sender<Change>,
+    pub replica: watch::Sender<Arc<Replica>>,
+    pub status: watch::Sender<Status>,
+}
+
+/// The node task's state.
+#[derive(Debug)]
+pub(super) struct NodeTask {
+    node: Node,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    commands: mpsc::Receiver<Command>,
+    events: mpsc::Receiver<ConnEvent>,
+    publish: Publish,
+    conns: HashMap<ConnId, Slot>,
+    dirty: bool,
+    published: Instant,
+    published_ctx: CausalContext,
+    stopping: bool,
+}
+
+impl NodeTask {
+    pub(super) fn new(
+        node: Node,
+        shared: Arc<Shared>,
+        tracker: TaskTracker,
+        commands: mpsc::Receiver<Command>,
+        events: mpsc::Receiver<ConnEvent>,
+        publish: Publish,
+    ) -> Self {
+        let published_ctx = node.replica().context().clone();
+        Self {
+            node,
+            shared,
+            tracker,
+            commands,
+            events,
+            publish,
+            conns: HashMap::new(),
+            dirty: false,
+            published: Instant::now(),
+            published_ctx,
+            stopping: false,
+        }
+    }
+
+    /// Runs until a graceful shutdown has finished (or run out of time).
+    pub(super) async fn run(mut self) {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            self.flush();
+            let now = Instant::now();
+            let publish_at = self.dirty.then_some(self.published + SNAPSHOT_INTERVAL);
+            if publish_at.is_some_and(|t| t <= now) {
+                self.publish_replica();
+            }
+            let wake = self.timer();
+            let wake = match publish_at {
+                Some(p) if self.dirty => wake.min(p),
+                _ => wake,
+            };
+            tokio::select! {
+                biased;
+                () = self.shared.shutdown.cancelled(), if deadline.is_none() => {
+                    deadline = Some(Instant::now() + self.shared.limits.shutdown_deadline);
+                    self.begin_shutdown();
+                }
+                () = self.tracker.wait(), if deadline.is_some() => break,
+                () = sleep_until(deadline.unwrap_or(now)), if deadline.is_some() => {
+                    warn!(
+                        node = self.shared.handshake.node.name,
+                        "shutdown deadline of {:?} passed; cutting {} remaining tasks",
+                        self.shared.limits.shutdown_deadline,
+                        self.tracker.len()
+                    );
+                    break;
+                }
+                Some(ev) = self.events.recv() => self.on_event(ev),
+                Some(cmd) = self.commands.recv() => self.on_command(cmd),
+                () = sleep_until(wake) => self.on_timer(),
+            }
+        }
+        self.flush();
+        self.shared.abort.cancel();
+        if !self.tracker.is_empty() {
+            let _ = tokio::time::timeout(ABORT_GRACE, self.tracker.wait()).await;
+        }
+        self.publish_replica();
+        self.publish_status();
+        info!(node = self.shared.handshake.node.name, "stopped");
+    }
+
+    /// When the state machine's next timer is due, as a tokio instant.
+    fn timer(&self) -> Instant {
+        let wait = self.node.poll_timeout().saturating_sub(now_ms());
+        Instant::now() + Duration::from_millis(wait).min(MAX_SLEEP)
+    }
+
+    fn on_timer(&mut self) {
+        let now = now_ms();
+        if self.node.poll_timeout() <= now {
+            self.node.handle_timeout(now);
+            // Renewals mint dots; a sweep's visible effects come as events.
+            if self.node.replica().context() != &self.published_ctx {
+                self.dirty = true;
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: ConnEvent) {
+        let now = now_ms();
+        let node = self.shared.handshake.node.name.as_str();
+        match ev {
+            ConnEvent::Up {
+                conn,
+                peer,
+                outbound,
+                seed,
+                tx,
+                kill,
+            } => {
+                self.conns.insert(conn, Slot { tx, kill });
+                if self
+                    .node
+                    .handle_connected(conn, &peer, outbound, seed.as_deref(), now)
+                {
+                    let way = if outbound { "to" } else { "from" };
+                    info!(node, conn, "connected {way} {} ({})", peer.name, peer.id);
+                }
+            }
+            ConnEvent::Message { conn, envelope } => {
+                let mutates = matches!(envelope.message, Message::Delta { .. } | Message::Elided { .. });
+                match self.node.handle_message(conn, envelope, now) {
+                    Ok(()) => self.dirty |= mutates,
+                    Err(ProtocolError::UnknownConnection(_)) => {
+                        debug!(node, conn, "a message after the connection closed; dropped")
+                    }
+                    Err(e) => warn!(node, conn, "refused a message and closed the connection: {e}"),
+                }
+            }
+            ConnEvent::Down { conn, reason } => {
+                self.conns.remove(&conn);
+                self.node.handle_disconnected(conn, now);
+                debug!(node, conn, "connection gone: {reason}");
+            }
+            ConnEvent::DialFailed { target, failure } => self.node.handle_dial_failed(&target, failure, now),
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        let now = now_ms();
+        match cmd {
+            Command::Register {
+                service,
+                provider,
+                endpoint,
+                meta,
+                ttl_ms,
+                reply,
+            } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    self.node
+                        .register(service, provider, endpoint, meta, ttl_ms, now)
+                        .map_err(DriverError::Invalid)
+                };
+                // Read-your-writes: the snapshot shows the write before the caller hears back.
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+            Command::Deregister {
+                service,
+                provider,
+                reply,
+            } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    Ok(self.node.deregister(&service, &provider, now))
+                };
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// Stops accepting (the accept loop watches the same token), says goodbye and pushes
+    /// the farewell delta; the run loop then waits for the connections to flush and close.
+    fn begin_shutdown(&mut self) {
+        info!(
+            node = self.shared.handshake.node.name,
+            "shutting down: farewell to {} connections",
+            self.conns.len()
+        );
+        self.stopping = true;
+        self.tracker.close();
+        self.node.shutdown(now_ms());
+        self.dirty = true;
+    }
+
+    /// Carries out every output the state machine has queued.
+    fn flush(&mut self) {
+        while let Some(out) = self.node.poll_output() {
+            match out {
+                Output::Send { conn, envelope } => {
+                    let bytes = envelope.encode();
+                    if bytes.len() > self.shared.limits.max_message_size {
+                        warn!(
+                            node = self.shared.handshake.node.name,
+                            conn,
+                            "sending a {}-byte message, over the {}-byte limit peers accept",
+                            bytes.len(),
+                            self.shared.limits.max_message_size
+                        );
+                    }
+                    self.queue(conn, Outgoing::Frame(bytes));
+                }
+                Output::Close { conn, reason } => self.queue(conn, Outgoing::Close(reason)),
+                Output::Dial(target) => {
+                    if !self.stopping {
+                        self.tracker
+                            .spawn(conn::dial(target, Arc::clone(&self.shared)).in_current_span());
+                    }
+                }
+                Output::Event(change) => {
+                    self.dirty = true;
+                    // No subscriber is fine; a lagging one learns it from its receiver.
+                    let _ = self.publish.changes.send(change);
+                }
+            }
+        }
+        self.publish_status();
+    }
+
+    fn queue(&mut self, conn: ConnId, out: Outgoing) {
+        let Some(slot) = self.conns.get(&conn) else { return };
+        match slot.tx.try_send(out) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                bump(&self.shared.counts.slow_peers);
+                slot.kill.cancel();
+            }
+            // The connection task has ended; its `Down` is on the way.
+            Err(TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn publish_replica(&mut self) {
+        let replica = self.node.replica();
+        self.published_ctx = replica.context().clone();
+        self.publish.replica.send_replace(Arc::new(replica.clone()));
+        self.published = Instant::now();
+        self.dirty = false;
+    }
+
+    fn publish_status(&self) {
+        let counters = self.node.counters();
+        let connected = self.node.connected();
+        self.publish.status.send_if_modified(|s| {
+            if s.counters == counters && s.connected == connected {
+                return false;
+            }
+            *s = Status { counters, connected };
+            true
+        });
+    }
+}
