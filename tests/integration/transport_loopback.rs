@@ -466,3 +466,83 @@ async fn a_node_that_shuts_down_is_gone_from_its_peers_at_once() {
     eventually("A and B to go on without C", || shows(&b, "api", "api-a")).await;
     shutdown_all(&[&a, &b]).await;
 }
+
+/// A self-signed certificate for 127.0.0.1 in a fresh directory, trusted by itself.
+fn tls_files(tag: &str) -> (driver::TlsConfig, std::path::PathBuf) {
+    let key =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let dir = std::env::temp_dir().join(format!("roster-tls-{}-{nanos}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_pem, key_pem) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_pem, key.cert.pem()).unwrap();
+    std::fs::write(&key_pem, key.signing_key.serialize_pem()).unwrap();
+    let tls = driver::TlsConfig {
+        cert_pem: cert_pem.clone(),
+        key_pem,
+        ca_pem: cert_pem,
+    };
+    (tls, dir)
+}
+
+fn with_tls(mut config: DriverConfig, tls: &driver::TlsConfig) -> DriverConfig {
+    config.tls = Some(tls.clone());
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_nodes_converge_and_refuse_plain_clients_and_untrusted_certificates() {
+    let (cluster_tls, cluster_dir) = tls_files("cluster");
+    let (stranger_tls, stranger_dir) = tls_files("stranger");
+    let a = start(1, with_tls(config("a", Some(SECRET)), &cluster_tls), &[]).await;
+    let b = start(2, with_tls(config("b", Some(SECRET)), &cluster_tls), &[&a]).await;
+    assert!(a.info().url.starts_with("wss://127.0.0.1:"), "{}", a.info().url);
+    eventually("A and B to see each other over TLS", || {
+        members(&a) == 2 && members(&b) == 2
+    })
+    .await;
+    register(&b, "web", "web-tls", 443, Duration::from_secs(30)).await;
+    eventually("the registration to reach A over TLS", || {
+        shows(&a, "web", "web-tls")
+    })
+    .await;
+
+    // A client without TLS gets nowhere.
+    let tcp = TcpStream::connect(a.local_addr()).await.unwrap();
+    let plain = format!("ws://{}", a.local_addr());
+    let request = ClientRequestBuilder::new(plain.parse().unwrap()).with_sub_protocol("roster.v1");
+    assert!(within(
+        "a plain client to be refused",
+        tokio_tungstenite::client_async(request, tcp)
+    )
+    .await
+    .is_err());
+
+    // A node whose certificate A does not trust, and which does not trust A's, cannot join
+    // even with the right secret.
+    let c = start(3, with_tls(config("c", Some(SECRET)), &stranger_tls), &[&a]).await;
+    eventually("the stranger to refuse A's certificate", || {
+        let d = c.counters().driver;
+        d.handshakes_refused >= 1 && d.dial_failures >= 1
+    })
+    .await;
+    assert_eq!((members(&a), members(&c)), (2, 1));
+
+    // Files that cannot be read stop the start, naming the file.
+    let mut missing = cluster_tls.clone();
+    missing.key_pem = cluster_dir.join("absent.pem");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let e = driver::start(
+        listener,
+        with_tls(config("d", Some(SECRET)), &missing),
+        Replica::new(ReplicaId(4)),
+        vec![],
+        CancellationToken::new(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("absent.pem"), "{e}");
+
+    shutdown_all(&[&a, &b, &c]).await;
+    std::fs::remove_dir_all(cluster_dir).unwrap();
+    std::fs::remove_dir_all(stranger_dir).unwrap();
+}

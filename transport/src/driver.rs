@@ -21,12 +21,16 @@
 //! that farewell delta to every connected peer, then says goodbye), let each connection
 //! flush its queue and close, and cut whatever is left at [`Limits::shutdown_deadline`].
 //!
+//! With a [`TlsConfig`] the node serves `wss://` only (rustls, `ring` provider): TLS under the
+//! WebSocket, the handshake inside it.
+//!
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
 
 mod conn;
 mod limits;
 mod node;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
@@ -43,6 +47,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
 pub use limits::{DriverCounters, Limits};
+pub use tls::TlsConfig;
 
 use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::proto::{self, Node, NodeInfo};
@@ -72,7 +77,8 @@ pub struct DriverConfig {
     pub cluster: String,
     /// This node's name (for people and logs).
     pub name: String,
-    /// The URL peers dial; `None` uses `ws://` and the listener's address.
+    /// The URL peers dial; `None` uses the listener's address, as `ws://`, or `wss://`
+    /// with TLS.
     pub advertise_url: Option<String>,
     /// The cluster secret. Without one, the node runs unauthenticated and may listen on
     /// loopback only.
@@ -81,6 +87,8 @@ pub struct DriverConfig {
     pub protocol: proto::Config,
     /// Limits on peers.
     pub limits: Limits,
+    /// TLS: when set, the node serves `wss://` only and can dial `wss://` peers.
+    pub tls: Option<TlsConfig>,
 }
 
 impl DriverConfig {
@@ -94,6 +102,7 @@ impl DriverConfig {
             secret: None,
             protocol: proto::Config::default(),
             limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -119,6 +128,9 @@ pub enum StartError {
     /// The state machine refused the node's identity (its URL has no host and port, say).
     #[error(transparent)]
     Node(#[from] InvalidInput),
+    /// A TLS file could not be read or used.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The OS gave no random seed.
     #[error("no random seed from the OS: {0}")]
     Random(getrandom::Error),
@@ -185,10 +197,17 @@ pub fn start(
     if config.secret.is_none() && !local_addr.ip().is_loopback() {
         return Err(StartError::Unauthenticated { addr: local_addr });
     }
+    let tls = config
+        .tls
+        .as_ref()
+        .map(tls::Tls::load)
+        .transpose()
+        .map_err(StartError::Tls)?;
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
     let url = config
         .advertise_url
         .clone()
-        .unwrap_or_else(|| format!("ws://{local_addr}"));
+        .unwrap_or_else(|| format!("{scheme}://{local_addr}"));
     for (what, value, max) in [
         ("cluster name", &config.cluster, MAX_CLUSTER_LEN),
         ("node name", &config.name, MAX_NAME_LEN),
@@ -227,6 +246,7 @@ pub fn start(
         config.protocol.max_inbound,
         events_tx,
         shutdown.clone(),
+        tls,
     ));
     let tracker = TaskTracker::new();
     let span = tracing::info_span!("roster", node = %info.name);

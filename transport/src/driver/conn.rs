@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::limits::{bump, Counts, Limits, TokenBucket};
 use super::now_ms;
+use super::tls::{self, Tls};
 use crate::backoff::Failure;
 use crate::handshake::{self, HandshakeConfig, HandshakeError, HandshakeMessage, RefusalKind, NONCE_LEN};
 use crate::message::Envelope;
@@ -83,6 +84,8 @@ pub(super) struct Shared {
     pub shutdown: CancellationToken,
     /// Cuts every connection (the shutdown deadline passed).
     pub abort: CancellationToken,
+    /// Set when the node serves and dials `wss://`.
+    pub tls: Option<Tls>,
     next_conn: AtomicU64,
 }
 
@@ -93,6 +96,7 @@ impl Shared {
         max_inbound: usize,
         events: mpsc::Sender<ConnEvent>,
         shutdown: CancellationToken,
+        tls: Option<Tls>,
     ) -> Self {
         Self {
             handshake,
@@ -102,6 +106,7 @@ impl Shared {
             counts: Counts::default(),
             shutdown,
             abort: CancellationToken::new(),
+            tls,
             next_conn: AtomicU64::new(1),
         }
     }
@@ -150,6 +155,8 @@ enum Fail {
     Network(String),
     /// Not done within the handshake timeout.
     Timeout,
+    /// The peer's TLS certificate was refused (or it refused ours).
+    Tls(String),
     /// Another node answered than the one dialed.
     WrongPeer { expected: String, got: String },
     /// The node is shutting down.
@@ -160,6 +167,8 @@ impl Fail {
     fn failure(&self) -> Failure {
         match self {
             Fail::Handshake(e) => e.failure(),
+            // A certificate that does not verify will not fix itself in seconds.
+            Fail::Tls(_) => Failure::Auth,
             _ => Failure::Network,
         }
     }
@@ -194,6 +203,10 @@ impl Fail {
                     shared.limits.handshake_timeout
                 );
             }
+            Fail::Tls(e) => {
+                bump(&c.handshakes_refused);
+                warn!(node, peer = who, "TLS handshake failed: {e}");
+            }
             Fail::WrongPeer { expected, got } => {
                 warn!(
                     node,
@@ -222,7 +235,7 @@ impl Fail {
                 &format!("message over {max_size} bytes"),
             )),
             Fail::WrongPeer { .. } => Some(close_frame(CloseCode::Policy, "not the node dialed")),
-            Fail::Timeout | Fail::Network(_) | Fail::Cancelled => None,
+            Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Cancelled => None,
         }
     }
 }
@@ -386,7 +399,19 @@ async fn bounded<T>(shared: &Shared, work: impl Future<Output = Result<T, Fail>>
 /// the connection. `_guard` holds its place under the inbound cap until it ends.
 pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, _guard: InboundGuard) {
     let who = addr.to_string();
-    let result = accept_over(&shared, async { Ok(tcp) }).await;
+    let result = match shared.tls.as_ref().map(Tls::acceptor) {
+        None => accept_over(&shared, async { Ok(tcp) }).await,
+        Some(acceptor) => {
+            // A client that does not speak TLS is common noise (scanners): a network failure.
+            let tls = async move {
+                acceptor
+                    .accept(tcp)
+                    .await
+                    .map_err(|e| Fail::Network(format!("TLS: {e}")))
+            };
+            accept_over(&shared, tls).await
+        }
+    };
     if let Err(fail) = result {
         fail.record(&shared, &who);
     }
@@ -456,12 +481,26 @@ pub(super) async fn dial(target: DialTarget, shared: Arc<Shared>) {
                 let _ = tcp.set_nodelay(true);
                 Ok((tcp, host))
             };
-            if tls {
-                Err(Fail::Network(format!(
-                    "cannot dial {url}: wss:// is not supported yet"
-                )))
-            } else {
-                dial_over(&shared, &target, uri, async { Ok(tcp.await?.0) }).await
+            match (tls, shared.tls.as_ref().map(Tls::connector)) {
+                (false, _) => dial_over(&shared, &target, uri, async { Ok(tcp.await?.0) }).await,
+                (true, Some(connector)) => {
+                    let stream = async move {
+                        let (tcp, host) = tcp.await?;
+                        let name = tls::server_name(&host).map_err(Fail::Tls)?;
+                        connector.connect(name, tcp).await.map_err(|e| {
+                            // rustls reports its own errors (certificates, alerts) as invalid data.
+                            if e.kind() == std::io::ErrorKind::InvalidData {
+                                Fail::Tls(e.to_string())
+                            } else {
+                                Fail::Network(format!("TLS: {e}"))
+                            }
+                        })
+                    };
+                    dial_over(&shared, &target, uri, stream).await
+                }
+                (true, None) => Err(Fail::Network(format!(
+                    "cannot dial {url}: this node has no TLS configuration"
+                ))),
             }
         }
     };

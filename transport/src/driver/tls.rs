@@ -1,0 +1,104 @@
+//! TLS (`wss://`) with rustls and its `ring` provider, from PEM files.
+//!
+//! The provider is given to each configuration explicitly rather than installed as the
+//! process default, so rustls never has to look for one (it panics when none is
+//! installed) and an embedding program keeps its own choice.
+//!
+//! TLS gives privacy and protects the connection against a man in the middle; who may join
+//! is still decided by the cluster-secret handshake inside it. Peers' certificates are
+//! checked against the configured CA file (a cluster CA, or a shared self-signed
+//! certificate) and the host of the URL dialed; client certificates are not asked for.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// Where this node's certificate, its key, and the certificates it trusts live (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// This node's certificate chain, leaf first.
+    pub cert_pem: PathBuf,
+    /// This node's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: PathBuf,
+    /// The certificates that sign peers' certificates (or the peers' own self-signed ones).
+    pub ca_pem: PathBuf,
+}
+
+/// The acceptor and connector built from a [`TlsConfig`].
+#[derive(Clone)]
+pub(super) struct Tls {
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tls(..)")
+    }
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("no certificate in {}", path.display()));
+    }
+    Ok(certs)
+}
+
+impl Tls {
+    /// Reads the files and builds the server and client configurations.
+    ///
+    /// # Errors
+    /// A one-line reason naming the file when one cannot be read or used.
+    pub(super) fn load(cfg: &TlsConfig) -> Result<Self, String> {
+        let provider: Arc<CryptoProvider> = Arc::new(ring::default_provider());
+        let chain = read_certs(&cfg.cert_pem)?;
+        let key = PrivateKeyDer::from_pem_file(&cfg.key_pem)
+            .map_err(|e| format!("cannot read a private key from {}: {e}", cfg.key_pem.display()))?;
+        let mut roots = RootCertStore::empty();
+        for cert in read_certs(&cfg.ca_pem)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("cannot trust a certificate of {}: {e}", cfg.ca_pem.display()))?;
+        }
+        let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| format!("the certificate and key do not make a TLS server: {e}"))?;
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            connector: TlsConnector::from(Arc::new(client)),
+        })
+    }
+
+    /// Wraps accepted connections.
+    pub(super) fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor.clone()
+    }
+
+    /// Wraps dialed connections.
+    pub(super) fn connector(&self) -> TlsConnector {
+        self.connector.clone()
+    }
+}
+
+/// The name a dialed peer's certificate must carry: the URL's host (a DNS name or an IP).
+pub(super) fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(host.to_string())
+        .map_err(|e| format!("cannot check a certificate for {host:?}: {e}"))
+}
