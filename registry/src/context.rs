@@ -119,6 +119,12 @@ impl CausalContext {
         self.vv.get(replica).max(retired)
     }
 
+    /// The counter up to which every dot of `replica` has been seen (by the vector, or
+    /// retired).
+    pub fn seen_through(&self, replica: ReplicaId) -> u64 {
+        self.base(&replica)
+    }
+
     /// Whether the context has seen `d`.
     pub fn contains(&self, d: &Dot) -> bool {
         d.counter <= self.base(&d.actor) || self.cloud.contains(d)

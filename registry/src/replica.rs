@@ -363,6 +363,128 @@ impl Replica {
         Ok(self.join_and_diff(full, now_ms))
     }
 
+    /// Joins a delta or a full state (an elided one, rebuilt) and returns, besides the report
+    /// and the changes, the **effective delta**: a small state holding exactly what the join
+    /// taught this replica (the writes it added, the dots it removed, the dots it newly saw),
+    /// which a node forwards to its peers instead of everything it received.
+    ///
+    /// The delta is `None` when the join taught more than `max_new_dots` new dots, or brought
+    /// retirements: the caller then falls back to full syncs with its peers.
+    pub fn apply_collecting(
+        &mut self,
+        full: State,
+        now_ms: u64,
+        max_new_dots: usize,
+    ) -> (JoinReport, Vec<Change>, Option<State>) {
+        let before_ctx = self.state.ctx.clone();
+        let brings_retirements = full
+            .ctx
+            .retired()
+            .any(|(r, x)| before_ctx.retired().all(|(b, y)| b != r || y < x));
+        // Only the keys the join may touch can change: note their dots before.
+        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ProviderId>) = match State::keys_touched_by(&full) {
+            Some((r, l)) => (r.into_iter().collect(), l.into_iter().collect()),
+            None => (
+                self.state.regs.keys().cloned().collect(),
+                self.state.leases.keys().cloned().collect(),
+            ),
+        };
+        let reg_dots: BTreeMap<RegKey, Vec<Dot>> = reg_keys
+            .into_iter()
+            .map(|k| {
+                let dots = self.state.reg_dots(&k);
+                (k, dots)
+            })
+            .collect();
+        let lease_dots: BTreeMap<ProviderId, Vec<Dot>> = lease_keys
+            .into_iter()
+            .map(|p| {
+                let dots = self.state.lease_dots(&p);
+                (p, dots)
+            })
+            .collect();
+        let replicas: BTreeSet<ReplicaId> = full
+            .ctx
+            .ranges()
+            .map(|(r, _)| r)
+            .chain(full.ctx.cloud().map(|d| d.actor))
+            .collect();
+        let (report, changes) = self.join_and_diff(full, now_ms);
+        if !report.changed() {
+            return (report, changes, Some(State::new_delta()));
+        }
+        if brings_retirements {
+            return (report, changes, None);
+        }
+        let mut delta = State::new_delta();
+        let mut dots: Vec<Dot> = Vec::new();
+        let mut hint = (BTreeSet::new(), BTreeSet::new());
+        for k in &report.regs {
+            let before = reg_dots.get(k).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.state.reg(k).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.state.reg(k) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_reg(k.clone(), d.clone(), v.clone());
+                    dots.push(d.clone());
+                }
+            }
+            hint.0.insert(k.clone());
+        }
+        for p in &report.leases {
+            let before = lease_dots.get(p).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.state.lease(p).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.state.lease(p) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_lease(p.clone(), d.clone(), *v);
+                    dots.push(d.clone());
+                }
+            }
+            hint.1.insert(p.clone());
+        }
+        // The dots newly seen without a value (removals we never saw the writes of): for
+        // each replica, between what we had seen whole and the newest dot now seen.
+        let keyed: BTreeSet<Dot> = dots.iter().cloned().collect();
+        let mut unknown_keys = false;
+        let after = &self.state.ctx;
+        // Only replicas the other side's context names can have taught us dots.
+        for r in replicas {
+            let (lo, hi) = (before_ctx.seen_through(r), after.max_counter(r));
+            if hi.saturating_sub(lo) > max_new_dots as u64 {
+                return (report, changes, None);
+            }
+            let new = (lo + 1..=hi)
+                .map(|c| crate::id::dot(r, c))
+                .filter(|d| after.contains(d) && !before_ctx.contains(d));
+            for d in new {
+                unknown_keys |= !keyed.contains(&d);
+                dots.push(d);
+            }
+        }
+        dots.sort();
+        dots.dedup();
+        if dots.len() > max_new_dots {
+            return (report, changes, None);
+        }
+        let mut delta = delta.with_context(CausalContext::from_dots(dots));
+        // A dot seen without its write has no key we know, so the delta cannot name every
+        // key it reaches into: it then joins like a full state (every key visited).
+        delta.touched = (!unknown_keys).then_some(crate::state::Touched {
+            regs: hint.0,
+            leases: hint.1,
+        });
+        (report, changes, Some(delta))
+    }
+
     fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
         // What a read shows of a registration is its winning write, if its provider's lease
         // is live. The join can change the winner only of the registrations it touches, and

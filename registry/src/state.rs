@@ -143,10 +143,9 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
     their_ctx: &CausalContext,
 ) -> BTreeSet<K> {
     let mut changed = BTreeSet::new();
-    let their_keys: BTreeSet<K> = match touched {
-        None => theirs.keys_of().cloned().collect(),
-        Some(_) => BTreeSet::new(),
-    };
+    // The keys `other` stores are joined with their dots first; the touched keys and (for a
+    // full state) our other keys only lose what `other` removed.
+    let their_keys: BTreeSet<K> = theirs.keys_of().cloned().collect();
     for (k, f) in theirs {
         if join_key(mine, &k, Some(f), my_ctx, their_ctx) {
             changed.insert(k);
@@ -154,7 +153,7 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
     }
     match touched {
         Some(keys) => {
-            for k in keys {
+            for k in keys.iter().filter(|k| !their_keys.contains(*k)) {
                 if join_key(mine, k, None, my_ctx, their_ctx) {
                     changed.insert(k.clone());
                 }

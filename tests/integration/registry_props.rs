@@ -704,3 +704,40 @@ fn explain_shows_the_winning_write_its_node_and_its_lease() {
     assert!(!a.explain(&s, &p, 11_001).unwrap().live);
     assert!(a.explain(&service(1), &p, 0).is_none());
 }
+
+#[test]
+fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
+    // A node forwards what a full sync taught it as a delta. A peer that held everything
+    // the node held before (and maybe more) must end where the node's new state would take it.
+    check(
+        "effective_delta_of_a_full_join",
+        CASES,
+        (|s: Schedule| {
+            let sim = Sim::run(Rules::default(), &s);
+            let (x, y, z) = (
+                &sim.replicas[1],
+                sim.replicas[0].state().clone(),
+                sim.replicas[2].state().clone(),
+            );
+            let mut after = x.clone();
+            let (_, _, delta) = after.apply_collecting(y, sim.now_ms, 1_000_000);
+            // The only fallback small states may take: the join brought a retirement.
+            let Some(delta) = delta else {
+                return sim.replicas[0].context().retired().count() > 0;
+            };
+            // X ⊔ D = X' and D ⊑ X'.
+            let mut x_plus_d = x.state().clone();
+            x_plus_d.join(delta.clone());
+            let mut x2_plus_d = after.state().clone();
+            x2_plus_d.join(delta.clone());
+            // A peer holding X and more (X ⊔ Z): joining D equals joining X'.
+            let mut peer = x.state().clone();
+            peer.join(z);
+            let mut via_delta = peer.clone();
+            via_delta.join(delta.clone());
+            let mut via_state = peer;
+            via_state.join(after.state().clone());
+            &x_plus_d == after.state() && &x2_plus_d == after.state() && via_delta == via_state
+        }) as fn(Schedule) -> bool,
+    );
+}

@@ -16,6 +16,10 @@ pub const MAX_DELTA_ENTRIES: usize = 65_536;
 pub const MAX_STATE_ENTRIES: usize = 4_000_000;
 /// The longest goodbye reason, in bytes.
 pub const MAX_REASON_LEN: usize = 256;
+/// The most URLs a redirect may carry.
+pub const MAX_REDIRECT_URLS: usize = 8;
+/// The longest URL a redirect may carry, in bytes.
+pub const MAX_URL_LEN: usize = 256;
 
 /// One message between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +53,11 @@ pub enum Message {
     },
     /// An elided state left out a value the receiver does not have: send a full state.
     NeedFull,
+    /// The sender is full (too many inbound connections): dial one of these members instead.
+    Redirect {
+        /// Member URLs, at most [`MAX_REDIRECT_URLS`].
+        urls: Vec<String>,
+    },
     /// The sender is closing this connection (shutting down, rotating, or refusing).
     Goodbye {
         /// Why, for the receiver's log.
@@ -90,6 +99,9 @@ pub enum MessageError {
     /// A goodbye reason was too long.
     #[error("goodbye reason longer than {MAX_REASON_LEN} bytes")]
     ReasonTooLong,
+    /// A redirect carried too many or too long URLs.
+    #[error("redirect with more than {MAX_REDIRECT_URLS} URLs or a URL longer than {MAX_URL_LEN} bytes")]
+    RedirectTooLarge,
 }
 
 impl Envelope {
@@ -111,10 +123,16 @@ impl Envelope {
         if !rest.is_empty() {
             return Err(MessageError::TrailingBytes(rest.len()));
         }
-        if let Message::Goodbye { reason } = &env.message {
-            if reason.len() > MAX_REASON_LEN {
+        match &env.message {
+            Message::Goodbye { reason } if reason.len() > MAX_REASON_LEN => {
                 return Err(MessageError::ReasonTooLong);
             }
+            Message::Redirect { urls }
+                if urls.len() > MAX_REDIRECT_URLS || urls.iter().any(|u| u.len() > MAX_URL_LEN) =>
+            {
+                return Err(MessageError::RedirectTooLarge);
+            }
+            _ => {}
         }
         Ok(env)
     }

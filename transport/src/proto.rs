@@ -34,6 +34,17 @@ use crate::message::{self, Envelope, Message, MessageError};
 /// The service every roster node registers itself under.
 pub const MEMBERS_SERVICE: &str = "roster";
 
+/// The most dots a full sync may teach us for us to forward what it taught as a delta;
+/// past that, peers are asked for their digests instead.
+pub const MAX_FORWARD_DOTS: usize = 100_000;
+
+/// How long after sending a peer a full state a repair round waits for its ack before
+/// sending another.
+pub const FULL_SYNC_PAUSE_MS: u64 = 5_000;
+
+/// The most seed URLs a node keeps (given at start, or learnt from redirects).
+pub const MAX_SEEDS: usize = 32;
+
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
 
@@ -117,6 +128,10 @@ pub struct Config {
     pub expire_holdoff_ms: u64,
     /// The most a peer's clock may run ahead of ours.
     pub max_skew_ms: u64,
+    /// How often one peer that stopped being a member is dialed again (jittered ±25%).
+    pub reconnect_interval_ms: u64,
+    /// How long such a peer is remembered.
+    pub forget_lost_after_ms: u64,
     /// Whether to dial at all (`false`: accept connections only).
     pub dial: bool,
     /// The retry policy for dials.
@@ -138,6 +153,8 @@ impl Default for Config {
             expire_grace_ms: 5_000,
             expire_holdoff_ms: 90_000,
             max_skew_ms: 5_000,
+            reconnect_interval_ms: 30_000,
+            forget_lost_after_ms: 24 * 60 * 60 * 1000,
             dial: true,
             backoff: BackoffPolicy::default(),
         }
@@ -194,10 +211,20 @@ struct Conn {
 struct Peer {
     /// The last of our buffer's numbers it acknowledged.
     acked: Option<u64>,
+    /// The last of our buffer's numbers sent to it on the current connection (pushes send
+    /// only what came after; gossip rounds resend from `acked`).
+    sent: Option<u64>,
+    /// When we last sent it a full state (not again before the ack or a pause).
+    full_sent_at: Option<u64>,
     /// Its last digest.
     digest: Option<CausalContext>,
     backoff: Backoff,
     dialing: bool,
+    /// Its URL, kept after it stops being a live member, to try it again later (a
+    /// partition that outlived its lease must still heal).
+    url: Option<String>,
+    /// When it was last a live member or connected.
+    last_seen_ms: u64,
 }
 
 /// One registration this node owns and keeps alive.
@@ -226,6 +253,7 @@ pub struct Node {
     digest_at: u64,
     renew_at: u64,
     rotate_at: u64,
+    reconnect_at: u64,
     expire_from: u64,
     outputs: VecDeque<Output>,
     counters: Counters,
@@ -303,6 +331,7 @@ impl Node {
             digest_at,
             renew_at: now_ms,
             rotate_at,
+            reconnect_at: now_ms + cfg.reconnect_interval_ms,
             expire_from: now_ms + cfg.expire_holdoff_ms,
             outputs: VecDeque::new(),
             counters: Counters::default(),
@@ -485,6 +514,10 @@ impl Node {
                 self.send_to_peer(p, Message::digest(self.replica.context(), false), now_ms);
             }
         }
+        if self.reconnect_at <= now_ms {
+            self.reconnect_at = now_ms + self.jitter(self.cfg.reconnect_interval_ms.max(1));
+            self.reconnect_lost(now_ms);
+        }
         if self.rotate_at <= now_ms {
             self.rotate_at = now_ms + self.jitter(self.cfg.rotate_interval_ms.max(1));
             if self.cfg.rotate_interval_ms > 0 {
@@ -559,22 +592,38 @@ impl Node {
     /// acknowledgement, else (on a gossip round) the state elided against its digest.
     fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now_ms: u64) {
         let head = self.buffer.head();
-        let acked = self.peers.get(&peer).and_then(|p| p.acked);
-        match acked {
+        let (acked, sent, full_sent_at, digest) = match self.peers.get(&peer) {
+            Some(p) => (p.acked, p.sent, p.full_sent_at, p.digest.clone()),
+            None => return,
+        };
+        // A push sends what came after the last send; a repair round what came after the
+        // last acknowledgement (what was sent may have been lost).
+        let from = if repair { acked } else { acked.max(sent) };
+        match from {
             Some(a) if a >= head => {}
-            Some(a) if self.buffer.covers(a) => match self.buffer.since(a, peer) {
-                Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
-                // Everything since was learnt from the peer itself.
-                None => {
-                    if let Some(p) = self.peers.get_mut(&peer) {
-                        p.acked = Some(head);
+            Some(a) if self.buffer.covers(a) => {
+                match self.buffer.since(a, peer) {
+                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
+                    // Everything since was learnt from the peer itself.
+                    None if acked == Some(a) => {
+                        if let Some(p) = self.peers.get_mut(&peer) {
+                            p.acked = Some(head);
+                        }
                     }
+                    None => {}
                 }
-            },
-            _ if repair => match self.peers.get(&peer).and_then(|p| p.digest.clone()) {
-                Some(digest) => self.send_full(peer, &digest, now_ms),
-                None => self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms),
-            },
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.sent = Some(head);
+                }
+            }
+            _ if repair => {
+                let paused = full_sent_at.is_some_and(|t| now_ms < t + FULL_SYNC_PAUSE_MS);
+                match digest {
+                    _ if paused => {}
+                    Some(digest) => self.send_full(peer, &digest, now_ms),
+                    None => self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms),
+                }
+            }
             _ => {}
         }
     }
@@ -583,6 +632,10 @@ impl Node {
         let elided = self.replica.elide_for(digest);
         self.counters.full_syncs_sent += 1;
         let head = self.buffer.head();
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.full_sent_at = Some(now_ms);
+            p.sent = Some(head);
+        }
         self.send_to_peer(peer, Message::elided(head, &elided), now_ms);
     }
 
@@ -651,6 +704,46 @@ impl Node {
                 self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
             }
         }
+    }
+
+    /// Notes where every live member is, then dials one peer that was a member once but is
+    /// not now (its entry expired while we could not hear it): a partition that outlived
+    /// the leases heals through this. One dial per interval, each peer under its backoff.
+    fn reconnect_lost(&mut self, now_ms: u64) {
+        if !self.cfg.dial || self.stopping {
+            return;
+        }
+        let live: BTreeSet<ReplicaId> = self
+            .members(now_ms)
+            .into_iter()
+            .map(|(id, url, _)| {
+                let p = self.peers.entry(id).or_default();
+                p.url = Some(url);
+                p.last_seen_ms = now_ms;
+                id
+            })
+            .collect();
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        let forget_before = now_ms.saturating_sub(self.cfg.forget_lost_after_ms);
+        self.peers
+            .retain(|id, p| live.contains(id) || connected.contains(id) || p.last_seen_ms >= forget_before);
+        let lost: Vec<(ReplicaId, String)> = self
+            .peers
+            .iter()
+            .filter(|(id, p)| {
+                !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now_ms)
+            })
+            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        let (id, url) = lost[self.rng.random_range(0..lost.len())].clone();
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.dialing = true;
+        }
+        self.counters.dials += 1;
+        self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
     }
 
     fn rotate(&mut self, now_ms: u64) {
@@ -736,6 +829,18 @@ impl Node {
                     opened_at: now_ms,
                 },
             );
+            if !outbound && !self.stopping {
+                // Full: point the newcomer at other members, so a bootstrap storm on one
+                // seed spreads over the cluster instead of retrying the same door.
+                let mut urls: Vec<String> = self.members(now_ms).into_iter().map(|(_, url, _)| url).collect();
+                let mut picked = Vec::new();
+                while picked.len() < message::MAX_REDIRECT_URLS && !urls.is_empty() {
+                    let i = self.rng.random_range(0..urls.len());
+                    picked.push(urls.swap_remove(i));
+                }
+                picked.retain(|u| u.len() <= message::MAX_URL_LEN);
+                self.send(conn, Message::Redirect { urls: picked }, now_ms);
+            }
             self.close(conn, reason, now_ms);
             return false;
         }
@@ -757,6 +862,14 @@ impl Node {
     /// A connection closed (by the peer, the network, or us).
     pub fn handle_disconnected(&mut self, conn: ConnId, now_ms: u64) {
         let Some(c) = self.conns.remove(&conn) else { return };
+        if !self.conns.values().any(|o| o.peer == c.peer) {
+            // What was sent on it may not have arrived.
+            if let Some(p) = self.peers.get_mut(&c.peer) {
+                p.sent = None;
+                p.full_sent_at = None;
+                p.last_seen_ms = now_ms;
+            }
+        }
         if c.outbound {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
@@ -825,13 +938,9 @@ impl Node {
             Message::Elided { seq, elided } => {
                 let elided = message::decode_elided(&elided)?;
                 self.counters.full_syncs_received += 1;
-                match self.replica.apply_elided(elided, now_ms) {
-                    Ok((report, changes)) => {
-                        if report.changed() {
-                            self.counters.deltas_applied += 1;
-                            self.learnt_out_of_band(now_ms);
-                        }
-                        self.emit_changes(changes, now_ms);
+                match elided.into_state(self.replica.state()) {
+                    Ok(full) => {
+                        self.apply(peer, full, now_ms);
                         self.send(conn, Message::Ack { seq }, now_ms);
                     }
                     Err(_) => self.send(conn, Message::NeedFull, now_ms),
@@ -842,6 +951,20 @@ impl Node {
                 p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
             }
             Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
+            Message::Redirect { urls } => {
+                // Learn them as seeds (bounded), and come back to this peer later.
+                for url in urls {
+                    if self.seeds.len() >= MAX_SEEDS {
+                        break;
+                    }
+                    self.seeds.entry(url).or_insert((Backoff::default(), false));
+                }
+                let draw = self.rng.random::<u64>();
+                let policy = self.cfg.backoff;
+                let p = self.peers.entry(peer).or_default();
+                p.backoff
+                    .fail(&policy, Failure::RetryAfter(policy.cap_ms), now_ms, draw);
+            }
             Message::Goodbye { .. } => {
                 self.conns.remove(&conn);
                 self.outputs.push_back(Output::Close {
@@ -854,12 +977,17 @@ impl Node {
     }
 
     fn apply(&mut self, from: ReplicaId, delta: State, now_ms: u64) {
-        let forward = delta.clone();
-        let (report, changes) = self.replica.apply(delta, now_ms);
+        let (report, changes, learnt) = self.replica.apply_collecting(delta, now_ms, MAX_FORWARD_DOTS);
         if report.changed() {
             self.counters.deltas_applied += 1;
-            self.buffer.push(Some(from), forward);
-            self.schedule_push(now_ms);
+            match learnt {
+                // Forward only what it taught us, never the rest of what it carried.
+                Some(delta) => {
+                    self.buffer.push(Some(from), delta);
+                    self.schedule_push(now_ms);
+                }
+                None => self.learnt_out_of_band(now_ms),
+            }
         }
         self.emit_changes(changes, now_ms);
     }

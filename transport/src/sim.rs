@@ -1,1 +1,488 @@
-//! The simulator (being written).
+//! A deterministic simulator: many protocol state machines in one thread, virtual time, and
+//! a network that loses, duplicates, delays and reorders messages, cuts partitions, and
+//! crashes and restarts nodes.
+//!
+//! One seed drives everything, so a run is reproduced exactly by its seed. Nothing here
+//! reads a clock or the OS: it is a driver of [`crate::proto::Node`] like the tokio one,
+//! with the network replaced by a priority queue.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use roster_registry::{Replica, ReplicaId, State};
+
+use crate::backoff::Failure;
+use crate::message::Envelope;
+use crate::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Output};
+
+/// The network's behaviour. Probabilities in per mille; delays in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// Chance a message is lost.
+    pub loss_permille: u32,
+    /// Chance a message is delivered twice.
+    pub dup_permille: u32,
+    /// The shortest one-way delay.
+    pub min_delay_ms: u64,
+    /// The longest one-way delay (messages overtake each other within the spread).
+    pub max_delay_ms: u64,
+}
+
+impl Faults {
+    /// A clean network: no loss, no duplication, 1 ms delay.
+    pub const NONE: Faults = Faults {
+        loss_permille: 0,
+        dup_permille: 0,
+        min_delay_ms: 1,
+        max_delay_ms: 1,
+    };
+}
+
+/// What the simulated network carried, per node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Messages sent.
+    pub messages_sent: u64,
+    /// Bytes sent (encoded envelopes; framing not counted).
+    pub bytes_sent: u64,
+    /// Messages received.
+    pub messages_received: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+    /// Connections this node opened.
+    pub dials: u64,
+}
+
+#[derive(Debug)]
+enum Event {
+    /// Deliver a message to one end of a connection.
+    Deliver {
+        to: ConnId,
+        envelope: Envelope,
+        bytes: u64,
+    },
+    /// Close a connection, once what was sent on it before has arrived.
+    Close { conn: ConnId },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct End {
+    node: usize,
+    other: ConnId,
+}
+
+/// One simulated machine: its identity, its node while it runs, and its disk.
+#[derive(Debug)]
+struct Machine {
+    info: NodeInfo,
+    node: Option<Node>,
+    /// The replica as saved on disk (all applied state is taken to be durable).
+    disk: State,
+    counter_floor: u64,
+    side: u32,
+    traffic: Traffic,
+}
+
+/// The simulator.
+#[derive(Debug)]
+pub struct Sim {
+    now_ms: u64,
+    rng: SmallRng,
+    proto: Config,
+    faults: Faults,
+    machines: Vec<Machine>,
+    ends: BTreeMap<ConnId, End>,
+    next_conn: ConnId,
+    /// Pending deliveries, by (time, order of sending): deterministic.
+    queue: BTreeMap<(u64, u64), Event>,
+    next_event: u64,
+    /// Every change event each node emitted, with its time: (node, time, change).
+    log: Vec<(usize, u64, roster_registry::Change)>,
+    keep_log: bool,
+    by_kind: BTreeMap<&'static str, (u64, u64)>,
+}
+
+/// The URL of machine `i` in the simulation.
+pub fn url(i: usize) -> String {
+    format!("ws://10.{}.{}.{}:7420", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+fn machine_of(url: &str) -> Option<usize> {
+    let host = url.strip_prefix("ws://")?.split(':').next()?;
+    let mut parts = host.split('.').skip(1).map(|p| p.parse::<usize>().ok());
+    let (a, b, c) = (parts.next()??, parts.next()??, parts.next()??);
+    Some((a << 16) | (b << 8) | c)
+}
+
+impl Sim {
+    /// `n` machines, all started at time 0, each given machine 0 as its seed (machine 0 has
+    /// none). `seed` drives every random choice of the network and of the nodes.
+    pub fn new(n: usize, proto: Config, faults: Faults, seed: u64) -> Self {
+        let mut sim = Sim {
+            now_ms: 1_700_000_000_000,
+            rng: SmallRng::seed_from_u64(seed),
+            proto,
+            faults,
+            machines: Vec::with_capacity(n),
+            ends: BTreeMap::new(),
+            next_conn: 1,
+            queue: BTreeMap::new(),
+            next_event: 0,
+            log: Vec::new(),
+            keep_log: false,
+            by_kind: BTreeMap::new(),
+        };
+        for i in 0..n {
+            let info = NodeInfo {
+                id: ReplicaId(0x1000 + i as u64),
+                name: format!("m{i}"),
+                url: url(i),
+            };
+            sim.machines.push(Machine {
+                info,
+                node: None,
+                disk: State::new(),
+                counter_floor: 0,
+                side: 0,
+                traffic: Traffic::default(),
+            });
+        }
+        for i in 0..n {
+            sim.start(i);
+        }
+        sim
+    }
+
+    /// Records every change event from now on (for propagation measurements).
+    pub fn keep_log(&mut self, keep: bool) {
+        self.keep_log = keep;
+        self.log.clear();
+    }
+
+    /// The change events recorded: (machine, time, change).
+    pub fn log(&self) -> &[(usize, u64, roster_registry::Change)] {
+        &self.log
+    }
+
+    /// The virtual wall time, in milliseconds since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// How many machines.
+    pub fn len(&self) -> usize {
+        self.machines.len()
+    }
+
+    /// Whether there are no machines.
+    pub fn is_empty(&self) -> bool {
+        self.machines.is_empty()
+    }
+
+    /// The node of machine `i`, if it runs.
+    pub fn node(&self, i: usize) -> Option<&Node> {
+        self.machines[i].node.as_ref()
+    }
+
+    /// Runs `f` on the node of machine `i` (a local write, say), then delivers its outputs.
+    pub fn with_node<T>(&mut self, i: usize, f: impl FnOnce(&mut Node, u64) -> T) -> Option<T> {
+        let now = self.now_ms;
+        let out = self.machines[i].node.as_mut().map(|n| f(n, now));
+        self.drain(i);
+        out
+    }
+
+    /// Messages and bytes sent so far, by kind of message, over all machines.
+    pub fn traffic_by_kind(&self) -> &BTreeMap<&'static str, (u64, u64)> {
+        &self.by_kind
+    }
+
+    /// The traffic of machine `i` so far.
+    pub fn traffic(&self, i: usize) -> Traffic {
+        self.machines[i].traffic
+    }
+
+    /// Sets the network's behaviour from now on.
+    pub fn set_faults(&mut self, faults: Faults) {
+        self.faults = faults;
+    }
+
+    fn start(&mut self, i: usize) {
+        let seeds = if i == 0 { vec![] } else { vec![url(0)] };
+        let m = &self.machines[i];
+        let replica = Replica::from_state(m.info.id, m.disk.clone(), m.counter_floor);
+        let seed = self.rng.random::<u64>();
+        match Node::new(m.info.clone(), replica, seeds, self.proto, seed, self.now_ms) {
+            Ok(node) => self.machines[i].node = Some(node),
+            Err(e) => unreachable!("simulated node info is valid: {e}"),
+        }
+        self.drain(i);
+    }
+
+    /// Crashes machine `i`: its connections drop; its disk keeps the replica.
+    pub fn crash(&mut self, i: usize) {
+        let Some(node) = self.machines[i].node.take() else {
+            return;
+        };
+        self.machines[i].disk = node.replica().state().clone();
+        self.machines[i].counter_floor = node.replica().counter();
+        let mine: Vec<ConnId> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| e.node == i)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in mine {
+            self.drop_conn(c);
+        }
+    }
+
+    /// Restarts machine `i` from its disk.
+    pub fn restart(&mut self, i: usize) {
+        if self.machines[i].node.is_none() {
+            self.start(i);
+        }
+    }
+
+    /// Whether machine `i` runs.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.machines[i].node.is_some()
+    }
+
+    /// Splits the network: machines on different sides cannot talk, and connections across
+    /// sides drop.
+    pub fn partition(&mut self, side_of: impl Fn(usize) -> u32) {
+        for i in 0..self.machines.len() {
+            self.machines[i].side = side_of(i);
+        }
+        let cut: Vec<ConnId> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| {
+                let other = self.ends.get(&e.other).map(|o| o.node);
+                other.is_some_and(|o| self.machines[o].side != self.machines[e.node].side)
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in cut {
+            self.drop_conn(c);
+        }
+    }
+
+    /// Heals every partition.
+    pub fn heal(&mut self) {
+        for m in &mut self.machines {
+            m.side = 0;
+        }
+    }
+
+    /// Closes a connection at both ends, telling both nodes.
+    fn drop_conn(&mut self, c: ConnId) {
+        let Some(end) = self.ends.remove(&c) else { return };
+        let mut ends = vec![(end.node, c)];
+        if let Some(other) = self.ends.remove(&end.other) {
+            ends.push((other.node, end.other));
+        }
+        let now = self.now_ms;
+        for (node, conn) in ends {
+            if let Some(n) = self.machines[node].node.as_mut() {
+                n.handle_disconnected(conn, now);
+            }
+            self.drain(node);
+        }
+    }
+
+    /// Delivers every output node `i` has queued, and those they cause.
+    fn drain(&mut self, i: usize) {
+        let mut work = vec![i];
+        while let Some(i) = work.pop() {
+            while let Some(out) = self.machines[i].node.as_mut().and_then(Node::poll_output) {
+                match out {
+                    Output::Send { conn, envelope } => self.send(i, conn, envelope),
+                    Output::Dial(target) => self.dial(i, target, &mut work),
+                    Output::Close { conn, .. } => {
+                        // What was sent before the close still arrives (a driver flushes
+                        // before closing); then both ends learn of it.
+                        self.next_event += 1;
+                        let at = self.now_ms + self.faults.max_delay_ms.max(self.faults.min_delay_ms) + 1;
+                        self.queue.insert((at, self.next_event), Event::Close { conn });
+                    }
+                    Output::Event(change) => {
+                        if self.keep_log {
+                            self.log.push((i, self.now_ms, change));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, from: usize, conn: ConnId, envelope: Envelope) {
+        let bytes = envelope.encode().len() as u64;
+        let kind = match &envelope.message {
+            crate::message::Message::Digest { .. } => "digest",
+            crate::message::Message::Delta { .. } => "delta",
+            crate::message::Message::Elided { .. } => "elided",
+            crate::message::Message::Ack { .. } => "ack",
+            crate::message::Message::NeedFull => "need-full",
+            crate::message::Message::Redirect { .. } => "redirect",
+            crate::message::Message::Goodbye { .. } => "goodbye",
+        };
+        let k = self.by_kind.entry(kind).or_default();
+        k.0 += 1;
+        k.1 += bytes;
+        let t = &mut self.machines[from].traffic;
+        t.messages_sent += 1;
+        t.bytes_sent += bytes;
+        let Some(end) = self.ends.get(&conn).copied() else {
+            return;
+        };
+        if self.rng.random_range(0..1_000) < self.faults.loss_permille {
+            return;
+        }
+        let copies = if self.rng.random_range(0..1_000) < self.faults.dup_permille {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = self.rng.random_range(
+                self.faults.min_delay_ms..=self.faults.max_delay_ms.max(self.faults.min_delay_ms),
+            );
+            self.next_event += 1;
+            self.queue.insert(
+                (self.now_ms + delay, self.next_event),
+                Event::Deliver {
+                    to: end.other,
+                    envelope: envelope.clone(),
+                    bytes,
+                },
+            );
+        }
+    }
+
+    fn dial(&mut self, from: usize, target: DialTarget, work: &mut Vec<usize>) {
+        let url = match &target {
+            DialTarget::Peer { url, .. } | DialTarget::Seed { url } => url.clone(),
+        };
+        self.machines[from].traffic.dials += 1;
+        let now = self.now_ms;
+        let to = machine_of(&url).filter(|&j| j < self.machines.len() && j != from);
+        let reachable = to.filter(|&j| {
+            self.machines[j].node.is_some() && self.machines[j].side == self.machines[from].side
+        });
+        let Some(to) = reachable else {
+            if let Some(n) = self.machines[from].node.as_mut() {
+                n.handle_dial_failed(&target, Failure::Network, now);
+            }
+            work.push(from);
+            return;
+        };
+        let (a, b) = (self.next_conn, self.next_conn + 1);
+        self.next_conn += 2;
+        self.ends.insert(a, End { node: from, other: b });
+        self.ends.insert(b, End { node: to, other: a });
+        let (info_from, info_to) = (self.machines[from].info.clone(), self.machines[to].info.clone());
+        let seed = match &target {
+            DialTarget::Seed { url } => Some(url.as_str()),
+            DialTarget::Peer { .. } => None,
+        };
+        if let Some(n) = self.machines[to].node.as_mut() {
+            n.handle_connected(b, &info_from, false, None, now);
+        }
+        if let Some(n) = self.machines[from].node.as_mut() {
+            n.handle_connected(a, &info_to, true, seed, now);
+        }
+        work.push(to);
+        work.push(from);
+    }
+
+    /// Runs until virtual time `until_ms` (absolute), processing every delivery and timer.
+    pub fn run_until(&mut self, until_ms: u64) {
+        loop {
+            let next_net = self.queue.keys().next().map(|(t, _)| *t);
+            let next_timer = self
+                .machines
+                .iter()
+                .filter_map(|m| m.node.as_ref().map(Node::poll_timeout))
+                .min();
+            let next = match (next_net, next_timer) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(until_ms),
+            };
+            if next > until_ms {
+                self.now_ms = until_ms;
+                return;
+            }
+            self.now_ms = self.now_ms.max(next);
+            if next_net == Some(next) {
+                match self.queue.pop_first() {
+                    Some((_, Event::Deliver { to, envelope, bytes })) => self.deliver(to, envelope, bytes),
+                    Some((_, Event::Close { conn })) => self.drop_conn(conn),
+                    None => {}
+                }
+            } else {
+                let now = self.now_ms;
+                let due: Vec<usize> = (0..self.machines.len())
+                    .filter(|&i| {
+                        self.machines[i]
+                            .node
+                            .as_ref()
+                            .is_some_and(|n| n.poll_timeout() <= now)
+                    })
+                    .collect();
+                for i in due {
+                    if let Some(n) = self.machines[i].node.as_mut() {
+                        n.handle_timeout(now);
+                    }
+                    self.drain(i);
+                }
+            }
+        }
+    }
+
+    /// Runs for `ms` more milliseconds of virtual time.
+    pub fn run_for(&mut self, ms: u64) {
+        self.run_until(self.now_ms + ms);
+    }
+
+    fn deliver(&mut self, to: ConnId, envelope: Envelope, bytes: u64) {
+        let Some(end) = self.ends.get(&to).copied() else {
+            return;
+        };
+        let Some(from) = self.ends.get(&end.other).map(|e| e.node) else {
+            return;
+        };
+        if self.machines[from].side != self.machines[end.node].side {
+            return;
+        }
+        let t = &mut self.machines[end.node].traffic;
+        t.messages_received += 1;
+        t.bytes_received += bytes;
+        let now = self.now_ms;
+        if let Some(n) = self.machines[end.node].node.as_mut() {
+            // A refusal closes the connection through the node's outputs.
+            let _ = n.handle_message(to, envelope, now);
+        }
+        self.drain(end.node);
+    }
+
+    /// Whether every running node holds the same registry state.
+    pub fn converged(&self) -> bool {
+        let mut states = self
+            .machines
+            .iter()
+            .filter_map(|m| m.node.as_ref())
+            .map(|n| n.replica().state());
+        match states.next() {
+            Some(first) => states.all(|s| s == first),
+            None => true,
+        }
+    }
+
+    /// The ids of the running machines.
+    pub fn running(&self) -> BTreeSet<usize> {
+        (0..self.machines.len()).filter(|&i| self.is_up(i)).collect()
+    }
+}
