@@ -24,6 +24,9 @@ use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
 /// The least time between two published replica snapshots, so a burst of deltas costs
 /// one copy, not one per delta. A handle's own writes are published at once.
 const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(10);
+/// Snapshots of a large replica are spaced further: copying may take at most a tenth of
+/// the node task's time.
+const SNAPSHOT_COST_FACTOR: u32 = 10;
 /// The longest the node task sleeps without looking at the wall clock again (it may jump).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// How long cut connections get to finish after the shutdown deadline.
@@ -82,6 +85,7 @@ pub(super) struct NodeTask {
     dirty: bool,
     published: Instant,
     published_ctx: CausalContext,
+    snapshot_interval: Duration,
     stopping: bool,
 }
 
@@ -106,6 +110,7 @@ impl NodeTask {
             dirty: false,
             published: Instant::now(),
             published_ctx,
+            snapshot_interval: SNAPSHOT_INTERVAL,
             stopping: false,
         }
     }
@@ -116,7 +121,7 @@ impl NodeTask {
         loop {
             self.flush();
             let now = Instant::now();
-            let publish_at = self.dirty.then_some(self.published + SNAPSHOT_INTERVAL);
+            let publish_at = self.dirty.then_some(self.published + self.snapshot_interval);
             if publish_at.is_some_and(|t| t <= now) {
                 self.publish_replica();
             }
@@ -315,10 +320,13 @@ impl NodeTask {
     }
 
     fn publish_replica(&mut self) {
+        let started = Instant::now();
         let replica = self.node.replica();
         self.published_ctx = replica.context().clone();
         self.publish.replica.send_replace(Arc::new(replica.clone()));
         self.published = Instant::now();
+        let cost = self.published.saturating_duration_since(started);
+        self.snapshot_interval = (cost * SNAPSHOT_COST_FACTOR).max(SNAPSHOT_INTERVAL);
         self.dirty = false;
     }
 
