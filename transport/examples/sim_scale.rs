@@ -1,0 +1,143 @@
+//! How the protocol's cost grows with cluster size, measured in the simulator.
+//!
+//! Run: `cargo run --release -p roster-transport --example sim_scale -- 10 100 1000`
+//! (sizes as arguments; `ROSTER_SIM_SEED` fixes the seed). For each size it bootstraps a
+//! cluster, lets it settle, then measures:
+//! - how long a new registration takes to reach every node (virtual ms, and gossip ticks);
+//! - the bytes each node receives for that one update, as a multiple of its encoded delta;
+//! - the bytes each node sends per second when nothing changes (digests, lease renewals).
+#![allow(clippy::unwrap_used)] // fixed, valid inputs: a failure is a bug in the benchmark
+
+use roster_registry::codec::encode_state;
+use roster_registry::{Change, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
+use roster_transport::proto::Config;
+use roster_transport::sim::{Faults, Sim};
+
+fn total_received(sim: &Sim) -> u64 {
+    (0..sim.len()).map(|i| sim.traffic(i).bytes_received).sum()
+}
+
+fn total_sent(sim: &Sim) -> u64 {
+    (0..sim.len()).map(|i| sim.traffic(i).bytes_sent).sum()
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let sizes = if sizes.is_empty() {
+        vec![10, 100, 1000]
+    } else {
+        sizes
+    };
+    let seed = std::env::var("ROSTER_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(42);
+    println!("seed {seed}; gossip tick 1 s, fanout 3, push delay 2 ms, one-way delay 1-5 ms");
+    println!("| nodes | to every node (ms) | ticks | bytes received per node per update | as a multiple of the delta | idle bytes sent per node per s | wall s |");
+    println!("|---|---|---|---|---|---|---|");
+    for n in sizes {
+        let t0 = std::time::Instant::now();
+        let cfg = Config {
+            member_lease_ttl_ms: std::env::var("SIM_MEMBER_TTL")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(60_000),
+            ..Config::default()
+        };
+        let faults = Faults {
+            loss_permille: 0,
+            dup_permille: 0,
+            min_delay_ms: 1,
+            max_delay_ms: 5,
+        };
+        let mut sim = Sim::new(n, cfg, faults, seed);
+        // Bootstrap, then settle past the first renewals.
+        let mut settled = false;
+        for _ in 0..600 {
+            sim.run_for(1_000);
+            if (0..n).all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1) && sim.converged() {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "{n} nodes did not settle in 600 s");
+        sim.run_for(30_000);
+
+        // Idle: nothing changes but lease renewals (every member lease / 3) and digests.
+        let before = total_sent(&sim);
+        let idle_s = 120;
+        sim.run_for(idle_s * 1_000);
+        let idle = (total_sent(&sim) - before) as f64 / n as f64 / idle_s as f64;
+
+        // One update, from the middle of a renewal period.
+        let service = ServiceName::new("bench").unwrap();
+        let provider = ProviderId::new("bench-1").unwrap();
+        let ep = Endpoint::new("10.1.2.3", 8080).unwrap();
+        let meta: Metadata = [("zone", "eu-1a"), ("version", "1.4.2")].into();
+        let delta_size = {
+            let mut r = Replica::new(ReplicaId(0x1000));
+            let d = r.register(
+                service.clone(),
+                provider.clone(),
+                ep.clone(),
+                meta.clone(),
+                30_000,
+                roster_registry::Hlc::new(sim.now_ms(), 0),
+            );
+            encode_state(&d.unwrap().delta).len()
+        };
+        // The background (renewals) over the same window, measured just before.
+        let window_ms = 2_000;
+        let bg_before = total_received(&sim);
+        sim.run_for(window_ms);
+        let background = total_received(&sim) - bg_before;
+        sim.keep_log(true);
+        let start = sim.now_ms();
+        let rx_before = total_received(&sim);
+        sim.with_node(0, |node, now| {
+            node.register(
+                service.clone(),
+                provider.clone(),
+                ep.clone(),
+                meta.clone(),
+                30_000,
+                now,
+            )
+            .unwrap()
+        });
+        sim.run_for(window_ms);
+        let rx = (total_received(&sim) - rx_before).saturating_sub(background);
+        if std::env::var("SIM_KINDS").is_ok() {
+            eprintln!(
+                "background {background} update-window {} kinds {:?}",
+                total_received(&sim) - rx_before,
+                sim.traffic_by_kind()
+            );
+        }
+        let mut reached = vec![None; n];
+        reached[0] = Some(start);
+        for (i, t, c) in sim.log() {
+            if let Change::Up(inst) = c {
+                if inst.service == service && reached[*i].is_none() {
+                    reached[*i] = Some(*t);
+                }
+            }
+        }
+        let all = reached.iter().all(Option::is_some);
+        let last = reached.iter().flatten().max().copied().unwrap_or(start) - start;
+        let per_node = rx as f64 / n as f64;
+        println!(
+            "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.0} | {:.1} |",
+            if all {
+                last.to_string()
+            } else {
+                "not all".to_string()
+            },
+            last as f64 / cfg.gossip_interval_ms as f64,
+            per_node,
+            per_node / delta_size as f64,
+            idle,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+}
