@@ -364,6 +364,13 @@ impl Node {
         self.counters
     }
 
+    /// For each peer we track: the last of our delta numbers it acknowledged and the last
+    /// sent to it; and our newest number. What `roster status` shows of replication.
+    pub fn replication_state(&self) -> (u64, Vec<(ReplicaId, Option<u64>, Option<u64>)>) {
+        let peers = self.peers.iter().map(|(id, p)| (*id, p.acked, p.sent)).collect();
+        (self.buffer.head(), peers)
+    }
+
     /// The peers with an open connection, and whether we dialed it.
     pub fn connected(&self) -> Vec<(ReplicaId, bool)> {
         self.conns.values().map(|c| (c.peer, c.outbound)).collect()
@@ -543,9 +550,14 @@ impl Node {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now_ms);
             }
-            next = next.min(now_ms + ttl / 3);
+            next = next.min(ttl / 3);
         }
-        self.renew_at = next;
+        // A quarter to a third of the shortest TTL, drawn anew each time: nodes started
+        // together (a fleet rollout, a healed partition) do not renew in lockstep.
+        self.renew_at = match next {
+            u64::MAX => u64::MAX,
+            third => now_ms + third - self.rng.random_range(0..=third / 4),
+        };
     }
 
     fn expire(&mut self, now_ms: u64) {
