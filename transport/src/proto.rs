@@ -176,6 +176,17 @@ pub enum ProtocolError {
     UnknownConnection(ConnId),
 }
 
+/// How far one peer has come in our delta buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerProgress {
+    /// The peer.
+    pub peer: ReplicaId,
+    /// The last of our delta numbers it acknowledged.
+    pub acked: Option<u64>,
+    /// The last of our delta numbers sent to it on its current connection.
+    pub sent: Option<u64>,
+}
+
 /// Counters of what the node did, for `roster status` and the benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -364,10 +375,18 @@ impl Node {
         self.counters
     }
 
-    /// For each peer we track: the last of our delta numbers it acknowledged and the last
-    /// sent to it; and our newest number. What `roster status` shows of replication.
-    pub fn replication_state(&self) -> (u64, Vec<(ReplicaId, Option<u64>, Option<u64>)>) {
-        let peers = self.peers.iter().map(|(id, p)| (*id, p.acked, p.sent)).collect();
+    /// Our newest delta number, and how far each peer we track has come: what `roster
+    /// status` shows of replication.
+    pub fn replication_state(&self) -> (u64, Vec<PeerProgress>) {
+        let peers = self
+            .peers
+            .iter()
+            .map(|(id, p)| PeerProgress {
+                peer: *id,
+                acked: p.acked,
+                sent: p.sent,
+            })
+            .collect();
         (self.buffer.head(), peers)
     }
 
