@@ -296,7 +296,7 @@ fn faults_then_heal(seed: u64) {
                     let connected: Vec<_> = sim.node(i).unwrap().connected();
                     let peers: Vec<_> = peers
                         .into_iter()
-                        .filter(|(p, _, _)| connected.iter().any(|(c, _)| c == p))
+                        .filter(|p| connected.iter().any(|(c, _)| *c == p.peer))
                         .collect();
                     eprintln!("machine {i} vector differs from machine 0 at {diff:?} (0 has {:?}); head {head}, connected peers (id, acked, sent) {peers:?}", diff.iter().map(|(r, _)| base.get(*r)).collect::<Vec<_>>());
                 }
