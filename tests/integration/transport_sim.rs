@@ -305,3 +305,41 @@ fn faults_then_heal(seed: u64) {
         }
     }
 }
+
+#[test]
+fn dials_to_an_unreachable_seed_back_off_with_growing_jittered_gaps() {
+    // Machine 1's only seed (machine 0) is down from the start: its dials must spread out,
+    // exponentially, up to the cap, instead of hammering the dead address.
+    let seed = sim_seed("dials_back_off");
+    let mut sim = Sim::new(2, config(), Faults::NONE, seed);
+    sim.crash(0);
+    let mut dial_times = Vec::new();
+    let mut last = sim.traffic(1).dials;
+    for _ in 0..(10 * 60 * 10) {
+        sim.run_for(100);
+        let now = sim.traffic(1).dials;
+        if now > last {
+            dial_times.push(sim.now_ms());
+            last = now;
+        }
+    }
+    let gaps: Vec<u64> = dial_times.windows(2).map(|w| w[1] - w[0]).collect();
+    // Ten minutes at a 30 s cap is at most about 20 + the ramp; without backoff it would
+    // be one dial per gossip tick (600).
+    assert!(
+        dial_times.len() < 40,
+        "{} dials in 10 min: {gaps:?}",
+        dial_times.len()
+    );
+    assert!(gaps.len() >= 10, "the node stopped retrying: {gaps:?}");
+    assert!(gaps[0] < gaps[5], "gaps do not grow: {gaps:?}");
+    let late = &gaps[gaps.len() - 5..];
+    assert!(
+        late.iter().all(|&g| (14_000..=46_000).contains(&g)),
+        "late gaps not near the 30 s cap: {late:?}"
+    );
+    assert!(
+        late.windows(2).any(|w| w[0] != w[1]),
+        "late gaps are not jittered: {late:?}"
+    );
+}
