@@ -215,6 +215,8 @@ struct Conn {
     peer: ReplicaId,
     outbound: bool,
     opened_at: u64,
+    /// The seed URL it was dialed as, if any.
+    seed: Option<String>,
 }
 
 /// What we know of another node.
@@ -725,13 +727,15 @@ impl Node {
         }
         // Seeds bootstrap a node that knows no member yet.
         if connected.is_empty() && self.members(now_ms).is_empty() {
-            let ready: Vec<String> = self
+            let mut ready: Vec<String> = self
                 .seeds
                 .iter()
                 .filter(|(_, (b, dialing))| !dialing && b.ready(now_ms))
                 .map(|(u, _)| u.clone())
                 .collect();
-            for url in ready.into_iter().take(room) {
+            while room > 0 && !ready.is_empty() {
+                room -= 1;
+                let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
                 if let Some(s) = self.seeds.get_mut(&url) {
                     s.1 = true;
                 }
@@ -862,6 +866,7 @@ impl Node {
                     peer: peer.id,
                     outbound,
                     opened_at: now_ms,
+                    seed: seed.map(str::to_string),
                 },
             );
             if !outbound && !self.stopping {
@@ -886,6 +891,7 @@ impl Node {
                 peer: peer.id,
                 outbound,
                 opened_at: now_ms,
+                seed: seed.map(str::to_string),
             },
         );
         self.peers.entry(peer.id).or_default();
@@ -996,9 +1002,14 @@ impl Node {
                 }
                 let draw = self.rng.random::<u64>();
                 let policy = self.cfg.backoff;
+                let full = Failure::RetryAfter(policy.cap_ms);
                 let p = self.peers.entry(peer).or_default();
-                p.backoff
-                    .fail(&policy, Failure::RetryAfter(policy.cap_ms), now_ms, draw);
+                p.backoff.fail(&policy, full, now_ms, draw);
+                // Dialed as a seed: that address waits too, so we try the others first.
+                let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
+                if let Some((b, _)) = seed.and_then(|u| self.seeds.get_mut(&u)) {
+                    b.fail(&policy, full, now_ms, draw);
+                }
             }
             Message::Goodbye { .. } => {
                 self.conns.remove(&conn);
