@@ -8,12 +8,9 @@ use roster_registry::{
     Endpoint, Hlc, HlcClock, Metadata, ProviderId, Replica, ReplicaId, ServiceName, State,
 };
 
-/// Runs a quickcheck property with a printed, replayable seed.
-///
-/// The seed comes from `ROSTER_PROP_SEED`, or from the clock; the number of cases from
-/// `ROSTER_PROP_CASES`, or `cases`.
-pub fn check<A: Testable>(name: &str, cases: u64, prop: A) {
-    let seed = std::env::var("ROSTER_PROP_SEED")
+/// The seed in the environment variable `var`, or one from the clock.
+pub fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -21,7 +18,15 @@ pub fn check<A: Testable>(name: &str, cases: u64, prop: A) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0)
-        });
+        })
+}
+
+/// Runs a quickcheck property with a printed, replayable seed.
+///
+/// The seed comes from `ROSTER_PROP_SEED`, or from the clock; the number of cases from
+/// `ROSTER_PROP_CASES`, or `cases`.
+pub fn check<A: Testable>(name: &str, cases: u64, prop: A) {
+    let seed = seed_from_env("ROSTER_PROP_SEED");
     let cases = std::env::var("ROSTER_PROP_CASES")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -13,15 +13,7 @@ use roster_transport::proto::Config;
 use roster_transport::sim::{Faults, Sim};
 
 fn sim_seed(name: &str) -> u64 {
-    let seed = std::env::var("ROSTER_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        });
+    let seed = crate::support::seed_from_env("ROSTER_SIM_SEED");
     eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
     seed
 }

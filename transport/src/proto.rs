@@ -859,16 +859,16 @@ impl Node {
         } else {
             None
         };
+        self.conns.insert(
+            conn,
+            Conn {
+                peer: peer.id,
+                outbound,
+                opened_at: now_ms,
+                seed: seed.map(str::to_string),
+            },
+        );
         if let Some(reason) = refuse {
-            self.conns.insert(
-                conn,
-                Conn {
-                    peer: peer.id,
-                    outbound,
-                    opened_at: now_ms,
-                    seed: seed.map(str::to_string),
-                },
-            );
             if !outbound && !self.stopping {
                 // Full: point the newcomer at other members, so a bootstrap storm on one
                 // seed spreads over the cluster instead of retrying the same door.
@@ -885,15 +885,6 @@ impl Node {
             return false;
         }
         self.counters.connections += 1;
-        self.conns.insert(
-            conn,
-            Conn {
-                peer: peer.id,
-                outbound,
-                opened_at: now_ms,
-                seed: seed.map(str::to_string),
-            },
-        );
         self.peers.entry(peer.id).or_default();
         // Each side says what it has seen; the other answers with what is missing.
         self.send(conn, Message::digest(self.replica.context(), false), now_ms);
