@@ -10,11 +10,20 @@
 //!   WebSocket upgrade (subprotocol `roster.v1`), the [`crate::handshake`], then moves
 //!   frames both ways. The per-connection code is generic over the byte stream.
 //!
-//! Everything from outside is bounded ([`Limits`]): message and frame size, the handshake
+//! Everything from outside is bounded ([`Limits`]): frame size, message size, the handshake
 //! time, inbound connections, frames per second per connection, the send queue per
-//! connection, and entries per delta (checked by [`crate::message::decode_delta`]). Going
-//! over a limit closes that connection with a reason, counts it ([`DriverCounters`]) and
-//! logs it; the node and its replica are untouched.
+//! connection (in messages and in bytes), and entries per delta (checked by
+//! [`crate::message::decode_delta`]). Going over a limit closes that connection with a
+//! reason, counts it ([`DriverCounters`]) and logs it; the node and its replica are
+//! untouched.
+//!
+//! Messages larger than a frame (a full state of a large registry, say) cross in chunks:
+//! after the handshake, each binary WebSocket message starts with a tag byte, `0x00` for a
+//! whole message, `0x01` for a first chunk (followed by the message's total length, a
+//! little-endian `u64`), `0x02` for the chunks that follow. The receiver holds at most one
+//! partial message per connection, refuses one announced over
+//! [`Limits::max_envelope_bytes`] at its first chunk, and decodes it only when complete.
+//! Details and the reasons for this format are in the `chunk` module.
 //!
 //! Shutdown is a protocol step ([`Handle::shutdown`], or cancelling the token): stop
 //! accepting and dialing, [`Node::shutdown`] (which removes what this node owns and pushes
@@ -27,6 +36,7 @@
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
 
+mod chunk;
 mod conn;
 mod limits;
 mod node;
@@ -197,6 +207,7 @@ pub fn start(
     if config.secret.is_none() && !local_addr.ip().is_loopback() {
         return Err(StartError::Unauthenticated { addr: local_addr });
     }
+    config.limits.check().map_err(StartError::Config)?;
     let tls = config
         .tls
         .as_ref()

@@ -2,13 +2,17 @@
 //! side closes. Generic over the byte stream, so TLS slots in under the WebSocket.
 //!
 //! A connection task reports to the node task (`ConnEvent`) and takes what to send from its
-//! own bounded queue (`Outgoing`). It never touches the node: a bad peer costs a closed
-//! connection, a count and a log line.
+//! own queue (`Outgoing`, bounded in messages and in bytes by [`Outbox`]). It never touches
+//! the node: a bad peer costs a closed connection, a count and a log line.
+//!
+//! After the handshake every message crosses in the chunk format of [`super::chunk`]: the
+//! writer splits what it sends into frames of at most the frame limit, the reader puts
+//! them back together before decoding.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::stream::{SplitSink, SplitStream};
@@ -16,6 +20,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -28,6 +33,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::chunk::{self, ChunkError, Reassembler, Step};
 use super::limits::{bump, Counts, Limits, TokenBucket};
 use super::now_ms;
 use super::tls::{self, Tls};
@@ -46,10 +52,143 @@ const MAX_CLOSE_REASON: usize = 123;
 /// What the node task sends a connection.
 #[derive(Debug)]
 pub(super) enum Outgoing {
-    /// An encoded envelope.
-    Frame(Vec<u8>),
+    /// An encoded envelope; the connection sends it in chunks if it is larger than a frame.
+    Message(Vec<u8>),
     /// Close after what is queued, with this reason.
     Close(String),
+}
+
+/// Why the node task cut a connection without a goodbye.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Cut {
+    /// The peer reads too slowly: `send_queue_depth` messages are waiting.
+    QueueFull {
+        /// `send_queue_depth`.
+        depth: usize,
+    },
+    /// The peer reads too slowly: one more message would put its queue over
+    /// `send_queue_bytes`.
+    QueueBytes {
+        /// The bytes queued already.
+        queued: usize,
+        /// The message's size.
+        size: usize,
+        /// `send_queue_bytes`.
+        budget: usize,
+    },
+    /// A message for the peer is over `max_envelope_bytes`: the peer would refuse it.
+    TooLarge {
+        /// The message's size.
+        size: usize,
+        /// `max_envelope_bytes`.
+        max: usize,
+    },
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::QueueFull { depth } => {
+                write!(f, "reads too slowly: its send queue is full ({depth} messages)")
+            }
+            Cut::QueueBytes { queued, size, budget } => write!(
+                f,
+                "reads too slowly: a {size}-byte message on {queued} queued bytes would go over \
+                 the {budget}-byte send queue"
+            ),
+            Cut::TooLarge { size, max } => {
+                write!(
+                    f,
+                    "would not send a {size}-byte message, over the {max}-byte limit"
+                )
+            }
+        }
+    }
+}
+
+/// What the node task and a connection task share about the connection's queue.
+#[derive(Debug, Default)]
+struct Link {
+    /// The bytes of the messages queued and not yet handed to the WebSocket.
+    queued: AtomicUsize,
+    /// Why the node task cut the connection, set before it is killed.
+    cut: OnceLock<Cut>,
+}
+
+/// The node task's end of a connection's queue: bounded in messages (`send_queue_depth`)
+/// and in bytes (`send_queue_bytes`).
+#[derive(Debug)]
+pub(super) struct Outbox {
+    tx: mpsc::Sender<Outgoing>,
+    link: Arc<Link>,
+    kill: CancellationToken,
+    depth: usize,
+    budget: usize,
+    max_envelope: usize,
+}
+
+impl Outbox {
+    fn new(limits: &Limits, kill: CancellationToken) -> (Self, mpsc::Receiver<Outgoing>, Arc<Link>) {
+        let depth = limits.send_queue_depth.max(1);
+        let (tx, rx) = mpsc::channel(depth);
+        let link = Arc::new(Link::default());
+        let outbox = Self {
+            tx,
+            link: Arc::clone(&link),
+            kill,
+            depth,
+            budget: limits.send_queue_bytes,
+            max_envelope: limits.max_envelope_bytes,
+        };
+        (outbox, rx, link)
+    }
+
+    /// Queues `out` without waiting. A connection that has ended, or is being cut, drops
+    /// it silently (its `Down` is on the way).
+    ///
+    /// # Errors
+    /// [`Cut`] when the connection must be cut ([`Outbox::cut`]) instead; nothing was queued.
+    pub(super) fn send(&self, out: Outgoing) -> Result<(), Cut> {
+        if self.kill.is_cancelled() {
+            return Ok(());
+        }
+        let size = match &out {
+            Outgoing::Message(bytes) => bytes.len(),
+            Outgoing::Close(_) => 0,
+        };
+        if size > self.max_envelope {
+            return Err(Cut::TooLarge {
+                size,
+                max: self.max_envelope,
+            });
+        }
+        // Only the node task adds, so the count can only have dropped since this load.
+        let queued = self.link.queued.load(Ordering::Acquire);
+        if queued.saturating_add(size) > self.budget {
+            return Err(Cut::QueueBytes {
+                queued,
+                size,
+                budget: self.budget,
+            });
+        }
+        self.link.queued.fetch_add(size, Ordering::AcqRel);
+        match self.tx.try_send(out) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.link.queued.fetch_sub(size, Ordering::AcqRel);
+                match e {
+                    TrySendError::Full(_) => Err(Cut::QueueFull { depth: self.depth }),
+                    TrySendError::Closed(_) => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Cuts the connection at once, dropping what is queued; the peer is told `why`.
+    pub(super) fn cut(&self, why: Cut) {
+        let _ = self.link.cut.set(why);
+        self.kill.cancel();
+    }
 }
 
 /// What connection tasks tell the node task.
@@ -61,8 +200,7 @@ pub(super) enum ConnEvent {
         peer: NodeInfo,
         outbound: bool,
         seed: Option<String>,
-        tx: mpsc::Sender<Outgoing>,
-        kill: CancellationToken,
+        outbox: Outbox,
     },
     /// A message arrived.
     Message { conn: ConnId, envelope: Envelope },
@@ -562,11 +700,13 @@ enum End {
     Failed(String),
     /// The peer sent a frame over the size limit.
     Oversize { size: usize, max_size: usize },
+    /// The peer broke the chunk format, or announced a message over the size limit.
+    Chunk(ChunkError),
     /// The peer sent something that is not a message.
     Malformed(String),
     /// The peer sent frames faster than the rate limit.
     RateLimited,
-    /// The node task cut it (the peer reads too slowly) or the shutdown deadline passed.
+    /// The node task cut it (see [`Cut`]) or the shutdown deadline passed.
     Killed,
 }
 
@@ -581,16 +721,15 @@ async fn run<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut rx) = mpsc::channel(shared.limits.send_queue_depth.max(1));
     let kill = shared.abort.child_token();
+    let (outbox, mut rx, link) = Outbox::new(&shared.limits, kill.clone());
     let who = format!("{} ({})", peer.name, peer.id);
     let up = ConnEvent::Up {
         conn,
         peer,
         outbound,
         seed,
-        tx,
-        kill: kill.clone(),
+        outbox,
     };
     if shared.events.send(up).await.is_err() {
         return;
@@ -599,7 +738,7 @@ async fn run<S>(
     let end = tokio::select! {
         () = kill.cancelled() => End::Killed,
         end = read_loop(&mut stream, conn, &shared) => end,
-        end = write_loop(&mut sink, &mut rx) => end,
+        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame()) => end,
     };
     let node = shared.node();
     let c = &shared.counts;
@@ -612,6 +751,16 @@ async fn run<S>(
             bump(&c.oversize);
             let r = format!("a {size}-byte message, over the {max_size}-byte limit");
             (Some(close_frame(CloseCode::Size, &r)), r)
+        }
+        End::Chunk(e) if e.is_oversize() => {
+            bump(&c.oversize);
+            let r = e.to_string();
+            (Some(close_frame(CloseCode::Size, &r)), r)
+        }
+        End::Chunk(e) => {
+            bump(&c.malformed);
+            let r = e.to_string();
+            (Some(close_frame(CloseCode::Protocol, &r)), r)
         }
         End::Malformed(e) => {
             bump(&c.malformed);
@@ -627,12 +776,18 @@ async fn run<S>(
         }
         End::Killed if shared.abort.is_cancelled() => (None, "the shutdown deadline passed".to_string()),
         End::Killed => {
-            let r = "reads too slowly: its send queue is full".to_string();
-            (Some(close_frame(CloseCode::Policy, &r)), r)
+            // The node task counted it when it cut.
+            let cut = link.cut.get();
+            let r = cut.map_or_else(|| "cut by the node".to_string(), Cut::to_string);
+            let code = match cut {
+                Some(Cut::TooLarge { .. }) => CloseCode::Error,
+                _ => CloseCode::Policy,
+            };
+            (Some(close_frame(code, &r)), r)
         }
     };
     match &end {
-        End::Oversize { .. } | End::Malformed(_) | End::RateLimited | End::Killed => {
+        End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::RateLimited | End::Killed => {
             warn!(node, peer = %who, conn, "closed the connection: {reason}")
         }
         End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
@@ -662,13 +817,15 @@ async fn run<S>(
 type WsRead<S> = SplitStream<WebSocketStream<S>>;
 type WsWrite<S> = SplitSink<WebSocketStream<S>, WsMessage>;
 
-/// Reads frames, rate-limited, and hands decoded envelopes to the node task.
+/// Reads frames, rate-limited, puts chunked messages back together, and hands decoded
+/// envelopes to the node task.
 async fn read_loop<S>(stream: &mut WsRead<S>, conn: ConnId, shared: &Shared) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let limits = &shared.limits;
     let mut bucket = TokenBucket::new(limits.frames_per_second, limits.frame_burst, Instant::now());
+    let mut chunks = Reassembler::new(limits.max_envelope_bytes, limits.frame());
     loop {
         let msg = match stream.next().await {
             None => return End::PeerClosed("the connection ended".into()),
@@ -678,22 +835,28 @@ where
             Some(Err(e)) => return End::Failed(e.to_string()),
             Some(Ok(m)) => m,
         };
-        if !bucket.take(Instant::now()) {
+        // A chunk of a message being received may ride on the token its first chunk paid.
+        let free = matches!(&msg, WsMessage::Binary(b) if chunks.rides_free(b));
+        if !free && !bucket.take(Instant::now()) {
             return End::RateLimited;
         }
         match msg {
-            WsMessage::Binary(bytes) => match Envelope::decode(&bytes) {
-                Ok(envelope) => {
-                    if shared
-                        .events
-                        .send(ConnEvent::Message { conn, envelope })
-                        .await
-                        .is_err()
-                    {
-                        return End::Failed("the node stopped".into());
+            WsMessage::Binary(bytes) => match chunks.push(&bytes) {
+                Err(e) => return End::Chunk(e),
+                Ok(Step::Partial) => {}
+                Ok(Step::Envelope(bytes)) => match Envelope::decode(&bytes) {
+                    Ok(envelope) => {
+                        if shared
+                            .events
+                            .send(ConnEvent::Message { conn, envelope })
+                            .await
+                            .is_err()
+                        {
+                            return End::Failed("the node stopped".into());
+                        }
                     }
-                }
-                Err(e) => return End::Malformed(e.to_string()),
+                    Err(e) => return End::Malformed(e.to_string()),
+                },
             },
             WsMessage::Text(_) => return End::Malformed("a text frame".into()),
             WsMessage::Close(f) => {
@@ -704,8 +867,14 @@ where
     }
 }
 
-/// Writes what the node task queues, batching what is already waiting into one flush.
-async fn write_loop<S>(sink: &mut WsWrite<S>, rx: &mut mpsc::Receiver<Outgoing>) -> End
+/// Writes what the node task queues, each message in chunks of at most `frame` bytes,
+/// batching what is already waiting into one flush.
+async fn write_loop<S>(
+    sink: &mut WsWrite<S>,
+    rx: &mut mpsc::Receiver<Outgoing>,
+    link: &Link,
+    frame: usize,
+) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -713,10 +882,13 @@ where
         let mut next = Some(first);
         while let Some(out) = next.take() {
             match out {
-                Outgoing::Frame(bytes) => {
-                    if let Err(e) = sink.feed(WsMessage::binary(bytes)).await {
-                        return End::Failed(e.to_string());
+                Outgoing::Message(bytes) => {
+                    for chunk in chunk::split(&bytes, frame) {
+                        if let Err(e) = sink.feed(WsMessage::binary(chunk)).await {
+                            return End::Failed(e.to_string());
+                        }
                     }
+                    link.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
                 }
                 Outgoing::Close(reason) => {
                     let _ = sink
@@ -733,4 +905,64 @@ where
         }
     }
     End::Closed("the node dropped the connection".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_bounds_messages_and_bytes_and_refuses_a_message_over_the_limit() {
+        let limits = Limits {
+            send_queue_depth: 3,
+            send_queue_bytes: 1_000,
+            max_envelope_bytes: 600,
+            ..Limits::default()
+        };
+        let kill = CancellationToken::new();
+        let (outbox, mut rx, link) = Outbox::new(&limits, kill.clone());
+        let msg = |n: usize| Outgoing::Message(vec![0; n]);
+        assert_eq!(outbox.send(msg(601)), Err(Cut::TooLarge { size: 601, max: 600 }));
+        assert_eq!(outbox.send(msg(600)), Ok(()));
+        assert_eq!(
+            outbox.send(msg(401)),
+            Err(Cut::QueueBytes {
+                queued: 600,
+                size: 401,
+                budget: 1_000
+            })
+        );
+        assert_eq!(outbox.send(msg(400)), Ok(()));
+        assert_eq!(outbox.send(Outgoing::Close("bye".into())), Ok(()));
+        assert_eq!(link.queued.load(Ordering::Acquire), 1_000);
+        assert_eq!(outbox.send(msg(0)), Err(Cut::QueueFull { depth: 3 }));
+        assert_eq!(
+            link.queued.load(Ordering::Acquire),
+            1_000,
+            "a refused message holds nothing"
+        );
+        // The writer hands the first message to the WebSocket: its bytes are free again.
+        assert!(matches!(rx.try_recv(), Ok(Outgoing::Message(b)) if b.len() == 600));
+        link.queued.fetch_sub(600, Ordering::AcqRel);
+        assert_eq!(outbox.send(msg(600)), Ok(()));
+        // A cut names its reason before the connection task sees the token.
+        outbox.cut(Cut::QueueFull { depth: 3 });
+        assert!(kill.is_cancelled());
+        assert_eq!(link.cut.get(), Some(&Cut::QueueFull { depth: 3 }));
+        assert!(Cut::QueueBytes {
+            queued: 1,
+            size: 2,
+            budget: 3
+        }
+        .to_string()
+        .contains("3-byte send queue"));
+        // Once cut, it drops what it is sent: the cut is counted once.
+        assert_eq!(outbox.send(msg(601)), Ok(()));
+        assert_eq!(link.queued.load(Ordering::Acquire), 1_000);
+        // A connection that has ended takes messages silently; they hold nothing.
+        let (outbox, rx, link) = Outbox::new(&limits, CancellationToken::new());
+        drop(rx);
+        assert_eq!(outbox.send(msg(10)), Ok(()));
+        assert_eq!(link.queued.load(Ordering::Acquire), 0);
+    }
 }

@@ -5,24 +5,42 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::chunk::MIN_FRAME;
+
 /// Limits on what a peer may send or hold. Going over one closes that connection with a
 /// reason, counts it in [`DriverCounters`] and logs it; the node and its replica are
 /// untouched.
+///
+/// Messages larger than a frame cross in chunks (see the driver's docs): the frame limits
+/// cap each WebSocket message, [`Limits::max_envelope_bytes`] the protocol message the
+/// chunks carry. Peers should share the frame limits: a node sends chunks as large as its
+/// own limits allow, and a peer with smaller ones refuses them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// The largest WebSocket message accepted, in bytes.
+    /// The largest WebSocket message accepted, in bytes; also the largest chunk sent.
     pub max_message_size: usize,
     /// The largest WebSocket frame accepted, in bytes (tungstenite writes one frame per
-    /// message, so this also caps a peer's messages).
+    /// message, so this also caps a peer's messages); also the largest chunk sent.
     pub max_frame_size: usize,
+    /// The largest protocol message (an encoded envelope, such as a full state) sent or
+    /// accepted, in bytes, however many chunks it takes. A peer holds at most one partial
+    /// message of up to this size per connection. A larger one is refused at its first
+    /// chunk; this node does not send one (it closes the connection instead).
+    pub max_envelope_bytes: usize,
     /// How long a connection may take from TCP accept (or dial) to an authenticated peer.
     pub handshake_timeout: Duration,
-    /// Frames a peer may send per second, on average.
+    /// Frames a peer may send per second, on average. A chunked message counts once: its
+    /// continuation chunks ride on the first chunk's token when they are at least half a
+    /// frame (or complete the message); smaller ones count as frames.
     pub frames_per_second: u32,
     /// Frames a peer may send in a burst above the average.
     pub frame_burst: u32,
-    /// Frames queued to one peer before it counts as too slow and is dropped.
+    /// Messages queued to one peer before it counts as too slow and is dropped.
     pub send_queue_depth: usize,
+    /// Bytes of messages queued to one peer before it counts as too slow and is dropped.
+    /// At least `max_envelope_bytes`; twice that leaves room for a full state queued
+    /// behind other traffic.
+    pub send_queue_bytes: usize,
     /// How long a graceful shutdown may take before the remaining connections are cut.
     pub shutdown_deadline: Duration,
 }
@@ -32,12 +50,41 @@ impl Default for Limits {
         Self {
             max_message_size: 1 << 20,
             max_frame_size: 1 << 20,
+            max_envelope_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(5),
             frames_per_second: 200,
             frame_burst: 400,
             send_queue_depth: 1_024,
+            send_queue_bytes: 128 << 20,
             shutdown_deadline: Duration::from_secs(2),
         }
+    }
+}
+
+impl Limits {
+    /// The largest WebSocket message this node sends or accepts: the smaller frame limit.
+    pub(super) fn frame(&self) -> usize {
+        self.max_message_size.min(self.max_frame_size)
+    }
+
+    /// Checks that the limits work together.
+    ///
+    /// # Errors
+    /// What is wrong, for [`super::StartError::Config`].
+    pub(super) fn check(&self) -> Result<(), String> {
+        if self.frame() < MIN_FRAME {
+            return Err(format!(
+                "max_message_size and max_frame_size must be at least {MIN_FRAME} bytes"
+            ));
+        }
+        if self.send_queue_bytes < self.max_envelope_bytes {
+            return Err(format!(
+                "send_queue_bytes ({}) must be at least max_envelope_bytes ({}), or a message \
+                 of that size could never be queued",
+                self.send_queue_bytes, self.max_envelope_bytes
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -54,13 +101,18 @@ pub struct DriverCounters {
     pub handshakes_refused: u64,
     /// Handshakes a peer refused (it names the reason in the log).
     pub handshakes_rejected: u64,
-    /// Messages or frames over the size limit.
+    /// Messages or frames over the size limit (a frame, or a chunked message's declared
+    /// total).
     pub oversize: u64,
-    /// Messages that did not decode, and text frames.
+    /// Messages this node would not send because they are over `max_envelope_bytes`
+    /// (the connection was closed instead).
+    pub oversize_sent: u64,
+    /// Messages that did not decode, broke the chunk format, and text frames.
     pub malformed: u64,
     /// Connections cut for sending frames faster than the rate limit.
     pub rate_limited: u64,
-    /// Connections cut because the peer read too slowly (its send queue filled up).
+    /// Connections cut because the peer read too slowly (its send queue filled up, in
+    /// messages or in bytes).
     pub slow_peers: u64,
     /// Dials that failed (network, handshake, or another node answering).
     pub dial_failures: u64,
@@ -75,6 +127,7 @@ pub(super) struct Counts {
     pub handshakes_refused: AtomicU64,
     pub handshakes_rejected: AtomicU64,
     pub oversize: AtomicU64,
+    pub oversize_sent: AtomicU64,
     pub malformed: AtomicU64,
     pub rate_limited: AtomicU64,
     pub slow_peers: AtomicU64,
@@ -96,6 +149,7 @@ impl Counts {
             handshakes_refused: g(&self.handshakes_refused),
             handshakes_rejected: g(&self.handshakes_rejected),
             oversize: g(&self.oversize),
+            oversize_sent: g(&self.oversize_sent),
             malformed: g(&self.malformed),
             rate_limited: g(&self.rate_limited),
             slow_peers: g(&self.slow_peers),
@@ -147,6 +201,22 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_defaults_pass_their_own_check_and_bad_mixes_do_not() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        assert_eq!(Limits::default().frame(), 1 << 20);
+        let tiny = Limits {
+            max_frame_size: 100,
+            ..Limits::default()
+        };
+        assert!(tiny.check().unwrap_err().contains("at least 4096"));
+        let starved = Limits {
+            send_queue_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        assert!(starved.check().unwrap_err().contains("send_queue_bytes"));
+    }
 
     #[test]
     fn a_bucket_allows_its_burst_then_its_rate() {

@@ -8,14 +8,12 @@ use std::time::Duration;
 use roster_registry::{
     CausalContext, Change, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
 };
-use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{sleep_until, Instant};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use super::conn::{self, ConnEvent, Outgoing, Shared};
+use super::conn::{self, ConnEvent, Cut, Outbox, Outgoing, Shared};
 use super::limits::bump;
 use super::{now_ms, DriverError};
 use crate::message::Message;
@@ -57,13 +55,6 @@ pub(super) struct Status {
     pub connected: Vec<(ReplicaId, bool)>,
 }
 
-/// A connection as the node task holds it.
-#[derive(Debug)]
-struct Slot {
-    tx: mpsc::Sender<Outgoing>,
-    kill: CancellationToken,
-}
-
 /// The channels the node task publishes on.
 #[derive(Debug)]
 pub(super) struct Publish {
@@ -81,7 +72,7 @@ pub(super) struct NodeTask {
     commands: mpsc::Receiver<Command>,
     events: mpsc::Receiver<ConnEvent>,
     publish: Publish,
-    conns: HashMap<ConnId, Slot>,
+    conns: HashMap<ConnId, Outbox>,
     dirty: bool,
     published: Instant,
     published_ctx: CausalContext,
@@ -187,10 +178,9 @@ impl NodeTask {
                 peer,
                 outbound,
                 seed,
-                tx,
-                kill,
+                outbox,
             } => {
-                self.conns.insert(conn, Slot { tx, kill });
+                self.conns.insert(conn, outbox);
                 if self
                     .node
                     .handle_connected(conn, &peer, outbound, seed.as_deref(), now)
@@ -277,17 +267,7 @@ impl NodeTask {
         while let Some(out) = self.node.poll_output() {
             match out {
                 Output::Send { conn, envelope } => {
-                    let bytes = envelope.encode();
-                    if bytes.len() > self.shared.limits.max_message_size {
-                        warn!(
-                            node = self.shared.handshake.node.name,
-                            conn,
-                            "sending a {}-byte message, over the {}-byte limit peers accept",
-                            bytes.len(),
-                            self.shared.limits.max_message_size
-                        );
-                    }
-                    self.queue(conn, Outgoing::Frame(bytes));
+                    self.queue(conn, Outgoing::Message(envelope.encode()));
                 }
                 Output::Close { conn, reason } => self.queue(conn, Outgoing::Close(reason)),
                 Output::Dial(target) => {
@@ -306,16 +286,19 @@ impl NodeTask {
         self.publish_status();
     }
 
+    /// Queues `out` to a connection, or cuts it (a slow reader, or a message over the
+    /// size limit); the connection task logs why.
     fn queue(&mut self, conn: ConnId, out: Outgoing) {
-        let Some(slot) = self.conns.get(&conn) else { return };
-        match slot.tx.try_send(out) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                bump(&self.shared.counts.slow_peers);
-                slot.kill.cancel();
+        let Some(outbox) = self.conns.get(&conn) else {
+            return;
+        };
+        if let Err(cut) = outbox.send(out) {
+            let c = &self.shared.counts;
+            match cut {
+                Cut::QueueFull { .. } | Cut::QueueBytes { .. } => bump(&c.slow_peers),
+                Cut::TooLarge { .. } => bump(&c.oversize_sent),
             }
-            // The connection task has ended; its `Down` is on the way.
-            Err(TrySendError::Closed(_)) => {}
+            outbox.cut(cut);
         }
     }
 
