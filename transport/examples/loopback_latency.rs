@@ -24,12 +24,26 @@ async fn start(i: usize, seed: Option<String>, cancel: &CancellationToken) -> Ha
     config.secret = Some(Secret::new("a benchmark secret of 32 bytes..").unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let replica = Replica::new(ReplicaId(0xB000 + i as u64));
-    driver::start(listener, config, replica, seed.into_iter().collect(), cancel.clone()).unwrap()
+    driver::start(
+        listener,
+        config,
+        replica,
+        seed.into_iter().collect(),
+        cancel.clone(),
+    )
+    .unwrap()
 }
 
 fn main() {
-    let rounds: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(500);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let cancel = CancellationToken::new();
         let first = start(0, None, &cancel).await;
