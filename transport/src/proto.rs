@@ -950,11 +950,19 @@ impl Node {
                 self.peers.entry(peer).or_default().digest = Some(theirs.clone());
                 if !theirs.includes(&ours) {
                     // They lack something: from the buffer if it covers them, else in full.
-                    let acked = self.peers.get(&peer).and_then(|p| p.acked);
+                    // A full state already on its way (not yet acknowledged) is not sent
+                    // again: a large one takes the peer a while to join, and digests it
+                    // sent meanwhile would otherwise each cost another.
+                    let (acked, full_sent_at) = self
+                        .peers
+                        .get(&peer)
+                        .map_or((None, None), |p| (p.acked, p.full_sent_at));
+                    let in_flight = full_sent_at.is_some_and(|t| now_ms < t + FULL_SYNC_PAUSE_MS);
                     match acked {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
                             self.sync_peer(peer, false, now_ms)
                         }
+                        _ if in_flight => {}
                         _ => self.send_full(peer, &theirs, now_ms),
                     }
                 }
@@ -981,6 +989,7 @@ impl Node {
             Message::Ack { seq } => {
                 let p = self.peers.entry(peer).or_default();
                 p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
+                p.full_sent_at = None;
             }
             Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
             Message::Redirect { urls } => {
