@@ -40,6 +40,7 @@ mod error;
 mod hlc;
 mod id;
 mod meta;
+mod regstore;
 mod replica;
 mod state;
 mod value;

@@ -284,9 +284,11 @@ impl Replica {
                 && self.state.lease(&key.provider).is_none()
                 && f.iter().all(|(_, r)| self.state.ctx.contains(&r.lease_dot));
             if orphaned || providers.contains(&key.provider) {
-                dots.extend(f.dots().cloned());
                 regs.insert(key.clone());
             }
+        }
+        for key in &regs {
+            dots.extend(self.state.reg_dots(key));
         }
         (!dots.is_empty()).then(|| self.apply_own(State::removal(dots, regs, leases), now_ms))
     }
@@ -534,7 +536,20 @@ impl Replica {
             .filter(|(p, was)| self.lease_live(p, now_ms) != *was)
             .map(|(p, _)| p)
             .collect();
-        if !flipped.is_empty() {
+        // Nearly always the join already looked at every registration of such a provider
+        // (they came in the same delta, or went with the lease); the counts say when it did
+        // not, and only then is the store scanned.
+        let mut looked_at: BTreeMap<&ProviderId, u32> = BTreeMap::new();
+        for k in visible_before
+            .keys()
+            .filter(|k| flipped.contains(&k.provider) && self.state.reg(k).is_some())
+        {
+            *looked_at.entry(&k.provider).or_default() += 1;
+        }
+        let unseen = flipped
+            .iter()
+            .any(|p| looked_at.get(p).copied().unwrap_or(0) < self.state.registrations_of(p));
+        if unseen {
             for (k, f) in &self.state.regs {
                 if !flipped.contains(&k.provider) || visible_before.contains_key(k) {
                     continue;

@@ -20,6 +20,7 @@ use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::{ConflictingDot, ElidedError, InvalidState, MissingValue};
 use crate::id::{Dot, ProviderId, ServiceName};
+use crate::regstore::RegStore;
 use crate::value::{Lease, Registration};
 
 /// The key of a registration: which provider offers which service.
@@ -48,7 +49,7 @@ pub(crate) struct Touched {
 /// safe default; equality and the lattice ignore the hint.
 #[derive(Clone, Default)]
 pub struct State {
-    pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
+    pub(crate) regs: RegStore,
     pub(crate) leases: LeaseMap,
     pub(crate) ctx: CausalContext,
     pub(crate) touched: Option<Touched>,
@@ -129,7 +130,26 @@ macro_rules! impl_fun_map {
         }
     };
 }
-impl_fun_map!([K: Ord + 'static, V: 'static] BTreeMap<K, DotFun<V>>);
+impl FunMap<RegKey, Registration> for RegStore {
+    fn get_fun_mut(&mut self, k: &RegKey) -> Option<&mut DotFun<Registration>> {
+        self.get_mut(k)
+    }
+    fn insert_fun(&mut self, k: RegKey, f: DotFun<Registration>) {
+        self.insert(k, f);
+    }
+    fn remove_fun(&mut self, k: &RegKey) {
+        self.remove(k);
+    }
+    fn keys_of(&self) -> impl Iterator<Item = &RegKey> {
+        self.keys()
+    }
+    fn funs_mut(&mut self) -> impl Iterator<Item = (&RegKey, &mut DotFun<Registration>)> {
+        self.iter_mut()
+    }
+    fn drop_empty(&mut self) {
+        RegStore::drop_empty(self);
+    }
+}
 impl_fun_map!([K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher] HashMap<K, DotFun<V>, S>);
 
 /// Joins one store (registrations or leases): first every key the other side stores, then
@@ -271,6 +291,11 @@ impl State {
 
     pub(crate) fn lease(&self, provider: &ProviderId) -> Option<&DotFun<Lease>> {
         self.leases.get(provider)
+    }
+
+    /// How many registrations a provider has.
+    pub(crate) fn registrations_of(&self, provider: &ProviderId) -> u32 {
+        self.regs.count_of(provider)
     }
 
     /// The registrations of one service, in provider order.
@@ -418,7 +443,7 @@ impl State {
             }
         }
         Ok(Self {
-            regs,
+            regs: regs.into(),
             leases,
             ctx,
             touched,
@@ -640,7 +665,7 @@ impl State {
                 .collect(),
         });
         WireRef {
-            regs: &self.regs,
+            regs: self.regs.map(),
             leases: self.leases.iter().collect(),
             ctx: &self.ctx,
             touched,

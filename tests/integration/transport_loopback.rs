@@ -782,6 +782,8 @@ async fn a_state_too_large_to_send_and_a_peer_that_does_not_read_are_cut() {
     let mut tight = config("tight", Some(SECRET));
     tight.limits.max_envelope_bytes = 1 << 20;
     tight.limits.send_queue_bytes = 2 << 20;
+    // Answer every digest with a full state, however recent the last one.
+    tight.protocol.full_sync_pause_ms = 0;
     let (a, b) = (
         start_with(big_replica(1, "a", 20_000), small, &[]).await,
         start_with(big_replica(2, "b", 20_000), tight, &[]).await,

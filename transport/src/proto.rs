@@ -38,10 +38,6 @@ pub const MEMBERS_SERVICE: &str = "roster";
 /// past that, peers are asked for their digests instead.
 pub const MAX_FORWARD_DOTS: usize = 100_000;
 
-/// How long after sending a peer a full state a repair round waits for its ack before
-/// sending another.
-pub const FULL_SYNC_PAUSE_MS: u64 = 5_000;
-
 /// The most seed URLs a node keeps (given at start, or learnt from redirects).
 pub const MAX_SEEDS: usize = 32;
 
@@ -128,6 +124,9 @@ pub struct Config {
     pub expire_holdoff_ms: u64,
     /// The most a peer's clock may run ahead of ours.
     pub max_skew_ms: u64,
+    /// How long a full state sent to a peer waits for its acknowledgement before another
+    /// may follow.
+    pub full_sync_pause_ms: u64,
     /// How often one peer that stopped being a member is dialed again (jittered ±25%).
     pub reconnect_interval_ms: u64,
     /// How long such a peer is remembered.
@@ -153,6 +152,7 @@ impl Default for Config {
             expire_grace_ms: 5_000,
             expire_holdoff_ms: 90_000,
             max_skew_ms: 5_000,
+            full_sync_pause_ms: 5_000,
             reconnect_interval_ms: 30_000,
             forget_lost_after_ms: 24 * 60 * 60 * 1000,
             dial: true,
@@ -654,7 +654,7 @@ impl Node {
                 }
             }
             _ if repair => {
-                let paused = full_sent_at.is_some_and(|t| now_ms < t + FULL_SYNC_PAUSE_MS);
+                let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
                 match digest {
                     _ if paused => {}
                     Some(digest) => self.send_full(peer, &digest, now_ms),
@@ -957,7 +957,7 @@ impl Node {
                         .peers
                         .get(&peer)
                         .map_or((None, None), |p| (p.acked, p.full_sent_at));
-                    let in_flight = full_sent_at.is_some_and(|t| now_ms < t + FULL_SYNC_PAUSE_MS);
+                    let in_flight = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
                     match acked {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
                             self.sync_peer(peer, false, now_ms)
