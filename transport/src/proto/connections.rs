@@ -1,0 +1,230 @@
+//! Connections: dialing members and seeds, healing partitions, rotating, accepting, closing.
+
+use std::collections::BTreeSet;
+
+use rand::RngExt;
+use roster_registry::ReplicaId;
+
+use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output};
+use crate::backoff::Failure;
+use crate::message::{self, Message};
+
+impl Node {
+    /// Live members we may dial: not connected, not being dialed, past their backoff.
+    pub(super) fn dial_more(&mut self, now_ms: u64) {
+        if !self.cfg.dial || self.stopping {
+            return;
+        }
+        let outbound = self.conns.values().filter(|c| c.outbound).count()
+            + self.peers.values().filter(|p| p.dialing).count()
+            + self.seeds.values().filter(|(_, dialing)| *dialing).count();
+        let mut room = self.cfg.max_outbound.saturating_sub(outbound);
+        if room == 0 {
+            return;
+        }
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        let mut candidates: Vec<(ReplicaId, String)> = self
+            .members(now_ms)
+            .into_iter()
+            .filter(|(id, _, _)| !connected.contains(id))
+            .filter(|(id, _, _)| {
+                self.peers
+                    .get(id)
+                    .is_none_or(|p| !p.dialing && p.backoff.ready(now_ms))
+            })
+            .map(|(id, url, _)| (id, url))
+            .collect();
+        while room > 0 && !candidates.is_empty() {
+            let i = self.rng.random_range(0..candidates.len());
+            let (id, url) = candidates.swap_remove(i);
+            self.peers.entry(id).or_default().dialing = true;
+            self.counters.dials += 1;
+            self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+            room -= 1;
+        }
+        // Seeds bootstrap a node that knows no member yet.
+        if connected.is_empty() && self.members(now_ms).is_empty() {
+            let mut ready: Vec<String> = self
+                .seeds
+                .iter()
+                .filter(|(_, (b, dialing))| !dialing && b.ready(now_ms))
+                .map(|(u, _)| u.clone())
+                .collect();
+            while room > 0 && !ready.is_empty() {
+                room -= 1;
+                let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
+                if let Some(s) = self.seeds.get_mut(&url) {
+                    s.1 = true;
+                }
+                self.counters.dials += 1;
+                self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
+            }
+        }
+    }
+
+    /// Notes where every live member is, then dials one peer that was a member once but is
+    /// not now (its entry expired while we could not hear it): a partition that outlived
+    /// the leases heals through this. One dial per interval, each peer under its backoff.
+    pub(super) fn reconnect_lost(&mut self, now_ms: u64) {
+        if !self.cfg.dial || self.stopping {
+            return;
+        }
+        let live: BTreeSet<ReplicaId> = self
+            .members(now_ms)
+            .into_iter()
+            .map(|(id, url, _)| {
+                let p = self.peers.entry(id).or_default();
+                p.url = Some(url);
+                p.last_seen_ms = now_ms;
+                id
+            })
+            .collect();
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        let forget_before = now_ms.saturating_sub(self.cfg.forget_lost_after_ms);
+        self.peers
+            .retain(|id, p| live.contains(id) || connected.contains(id) || p.last_seen_ms >= forget_before);
+        let lost: Vec<(ReplicaId, String)> = self
+            .peers
+            .iter()
+            .filter(|(id, p)| {
+                !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now_ms)
+            })
+            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        let (id, url) = lost[self.rng.random_range(0..lost.len())].clone();
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.dialing = true;
+        }
+        self.counters.dials += 1;
+        self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+    }
+
+    pub(super) fn rotate(&mut self, now_ms: u64) {
+        let outbound: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.outbound)
+            .map(|(id, _)| *id)
+            .collect();
+        let others = self.members(now_ms).len();
+        if outbound.len() < self.cfg.max_outbound || others <= outbound.len() {
+            return;
+        }
+        let conn = outbound[self.rng.random_range(0..outbound.len())];
+        self.close(conn, "rotating to another peer", now_ms);
+    }
+
+    pub(super) fn close(&mut self, conn: ConnId, reason: &str, now_ms: u64) {
+        self.send(conn, Message::goodbye(reason), now_ms);
+        self.outputs.push_back(Output::Close {
+            conn,
+            reason: reason.to_string(),
+        });
+        self.conns.remove(&conn);
+    }
+
+    /// A dial failed (or its handshake did). `draw` feeds the backoff jitter.
+    pub fn handle_dial_failed(&mut self, target: &DialTarget, failure: Failure, now_ms: u64) {
+        let draw = self.rng.random::<u64>();
+        let policy = self.cfg.backoff;
+        match target {
+            DialTarget::Peer { id, .. } => {
+                let p = self.peers.entry(*id).or_default();
+                p.dialing = false;
+                p.backoff.fail(&policy, failure, now_ms, draw);
+            }
+            DialTarget::Seed { url } => {
+                if let Some((b, dialing)) = self.seeds.get_mut(url) {
+                    *dialing = false;
+                    b.fail(&policy, failure, now_ms, draw);
+                }
+            }
+        }
+    }
+
+    /// A connection is open and authenticated: `peer` is who answered. `seed` is the seed
+    /// URL it was dialed as, if any.
+    ///
+    /// Returns `false` (and asks the driver to close it) when the node refuses it: too many
+    /// inbound connections, or it is ourselves.
+    pub fn handle_connected(
+        &mut self,
+        conn: ConnId,
+        peer: &NodeInfo,
+        outbound: bool,
+        seed: Option<&str>,
+        now_ms: u64,
+    ) -> bool {
+        if let Some(url) = seed {
+            if let Some(s) = self.seeds.get_mut(url) {
+                s.1 = false;
+            }
+        }
+        if let Some(p) = self.peers.get_mut(&peer.id) {
+            p.dialing = false;
+        }
+        let inbound = self.conns.values().filter(|c| !c.outbound).count();
+        let refuse = if peer.id == self.me.id {
+            Some("connected to itself")
+        } else if !outbound && inbound >= self.cfg.max_inbound {
+            Some("too many inbound connections")
+        } else if self.stopping {
+            Some("shutting down")
+        } else {
+            None
+        };
+        self.conns.insert(
+            conn,
+            Conn {
+                peer: peer.id,
+                outbound,
+                opened_at: now_ms,
+                seed: seed.map(str::to_string),
+            },
+        );
+        if let Some(reason) = refuse {
+            if !outbound && !self.stopping {
+                // Full: point the newcomer at other members, so a bootstrap storm on one
+                // seed spreads over the cluster instead of retrying the same door.
+                let mut urls: Vec<String> = self.members(now_ms).into_iter().map(|(_, url, _)| url).collect();
+                let mut picked = Vec::new();
+                while picked.len() < message::MAX_REDIRECT_URLS && !urls.is_empty() {
+                    let i = self.rng.random_range(0..urls.len());
+                    picked.push(urls.swap_remove(i));
+                }
+                picked.retain(|u| u.len() <= message::MAX_URL_LEN);
+                self.send(conn, Message::Redirect { urls: picked }, now_ms);
+            }
+            self.close(conn, reason, now_ms);
+            return false;
+        }
+        self.counters.connections += 1;
+        self.peers.entry(peer.id).or_default();
+        // Each side says what it has seen; the other answers with what is missing.
+        self.send(conn, Message::digest(self.replica.context(), false), now_ms);
+        true
+    }
+
+    /// A connection closed (by the peer, the network, or us).
+    pub fn handle_disconnected(&mut self, conn: ConnId, now_ms: u64) {
+        let Some(c) = self.conns.remove(&conn) else { return };
+        if !self.conns.values().any(|o| o.peer == c.peer) {
+            // What was sent on it may not have arrived.
+            if let Some(p) = self.peers.get_mut(&c.peer) {
+                p.sent = None;
+                p.full_sent_at = None;
+                p.last_seen_ms = now_ms;
+            }
+        }
+        if c.outbound {
+            let draw = self.rng.random::<u64>();
+            let policy = self.cfg.backoff;
+            let p = self.peers.entry(c.peer).or_default();
+            p.backoff
+                .closed(&policy, now_ms.saturating_sub(c.opened_at), now_ms, draw);
+        }
+    }
+}

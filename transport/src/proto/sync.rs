@@ -1,0 +1,142 @@
+//! Moving deltas: pushes, gossip rounds, full states, and what a received delta taught.
+
+use std::collections::BTreeSet;
+
+use rand::RngExt;
+use roster_registry::{CausalContext, ReplicaId, State};
+
+use super::{ConnId, Node, Output, MAX_FORWARD_DOTS};
+use crate::message::{Envelope, Message};
+
+impl Node {
+    /// Up to `n` distinct random peers with an open connection, other than `except`.
+    pub(super) fn random_connected(&mut self, n: usize, except: Option<ReplicaId>) -> Vec<ReplicaId> {
+        let mut peers: Vec<ReplicaId> = self
+            .conns
+            .values()
+            .map(|c| c.peer)
+            .filter(|p| Some(*p) != except)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut chosen = Vec::new();
+        while chosen.len() < n && !peers.is_empty() {
+            let i = self.rng.random_range(0..peers.len());
+            chosen.push(peers.swap_remove(i));
+        }
+        chosen
+    }
+
+    /// Pushes new deltas to `fanout` random peers that are up to date but for them.
+    pub(super) fn push(&mut self, now_ms: u64) {
+        // Every connected peer that lacks it (the connections are few: about twice the
+        // fanout), so a change floods the connection graph in milliseconds; a peer that
+        // already has it forwards nothing, so the flood stops by itself.
+        let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        for p in peers {
+            self.sync_peer(p, false, now_ms);
+        }
+    }
+
+    pub(super) fn gossip(&mut self, now_ms: u64) {
+        for p in self.random_connected(self.cfg.fanout, None) {
+            self.sync_peer(p, true, now_ms);
+        }
+    }
+
+    /// Sends `peer` what it has not acknowledged: from the buffer when it covers the peer's
+    /// acknowledgement, else (on a gossip round) the state elided against its digest.
+    pub(super) fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now_ms: u64) {
+        let head = self.buffer.head();
+        let (acked, sent, full_sent_at, digest) = match self.peers.get(&peer) {
+            Some(p) => (p.acked, p.sent, p.full_sent_at, p.digest.clone()),
+            None => return,
+        };
+        // A push sends what came after the last send; a repair round what came after the
+        // last acknowledgement (what was sent may have been lost).
+        let from = if repair { acked } else { acked.max(sent) };
+        match from {
+            Some(a) if a >= head => {}
+            Some(a) if self.buffer.covers(a) => {
+                match self.buffer.since(a, peer) {
+                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
+                    // Everything since was learnt from the peer itself.
+                    None if acked == Some(a) => {
+                        if let Some(p) = self.peers.get_mut(&peer) {
+                            p.acked = Some(head);
+                        }
+                    }
+                    None => {}
+                }
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.sent = Some(head);
+                }
+            }
+            _ if repair => {
+                let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
+                match digest {
+                    _ if paused => {}
+                    Some(digest) => self.send_full(peer, &digest, now_ms),
+                    None => self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn send_full(&mut self, peer: ReplicaId, digest: &CausalContext, now_ms: u64) {
+        let elided = self.replica.elide_for(digest);
+        self.counters.full_syncs_sent += 1;
+        let head = self.buffer.head();
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.full_sent_at = Some(now_ms);
+            p.sent = Some(head);
+        }
+        self.send_to_peer(peer, Message::elided(head, &elided), now_ms);
+    }
+
+    /// Sends on one of the peer's connections (the oldest).
+    pub(super) fn send_to_peer(&mut self, peer: ReplicaId, message: Message, now_ms: u64) {
+        if let Some((&conn, _)) = self.conns.iter().find(|(_, c)| c.peer == peer) {
+            self.send(conn, message, now_ms);
+        }
+    }
+
+    pub(super) fn send(&mut self, conn: ConnId, message: Message, now_ms: u64) {
+        let envelope = Envelope {
+            sent_at: self.clock.tick(now_ms),
+            message,
+        };
+        self.counters.messages_sent += 1;
+        self.counters.bytes_sent += envelope.encode().len() as u64;
+        self.outputs.push_back(Output::Send { conn, envelope });
+    }
+
+    pub(super) fn apply(&mut self, from: ReplicaId, delta: State, now_ms: u64) {
+        let (report, changes, learnt) = self.replica.apply_collecting(delta, now_ms, MAX_FORWARD_DOTS);
+        if report.changed() {
+            self.counters.deltas_applied += 1;
+            match learnt {
+                // Forward only what it taught us, never the rest of what it carried.
+                Some(delta) => {
+                    self.buffer.push(Some(from), delta);
+                    self.schedule_push(now_ms);
+                }
+                None => self.learnt_out_of_band(now_ms),
+            }
+        }
+        self.emit_changes(changes, now_ms);
+    }
+
+    /// A full sync taught us things the buffer does not hold: peers' acknowledgements no
+    /// longer mean they have everything we have, so ask each what it lacks.
+    pub(super) fn learnt_out_of_band(&mut self, now_ms: u64) {
+        for p in self.peers.values_mut() {
+            p.acked = None;
+        }
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        for peer in connected {
+            self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms);
+        }
+    }
+}
