@@ -105,31 +105,6 @@ trait FunMap<K: 'static, V: 'static>: IntoIterator<Item = (K, DotFun<V>)> {
     fn drop_empty(&mut self);
 }
 
-/// The two maps have the same methods under the same names; only their bounds differ.
-macro_rules! impl_fun_map {
-    ([$($bounds:tt)*] $map:ty) => {
-        impl<$($bounds)*> FunMap<K, V> for $map {
-            fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
-                self.get_mut(k)
-            }
-            fn insert_fun(&mut self, k: K, f: DotFun<V>) {
-                self.insert(k, f);
-            }
-            fn remove_fun(&mut self, k: &K) {
-                self.remove(k);
-            }
-            fn keys_of(&self) -> impl Iterator<Item = &K> {
-                self.keys()
-            }
-            fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)> {
-                self.iter_mut()
-            }
-            fn drop_empty(&mut self) {
-                self.retain(|_, f| !f.is_empty());
-            }
-        }
-    };
-}
 impl FunMap<RegKey, Registration> for RegStore {
     fn get_fun_mut(&mut self, k: &RegKey) -> Option<&mut DotFun<Registration>> {
         self.get_mut(k)
@@ -150,7 +125,28 @@ impl FunMap<RegKey, Registration> for RegStore {
         RegStore::drop_empty(self);
     }
 }
-impl_fun_map!([K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher] HashMap<K, DotFun<V>, S>);
+impl<K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher> FunMap<K, V>
+    for HashMap<K, DotFun<V>, S>
+{
+    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
+        self.get_mut(k)
+    }
+    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
+        self.insert(k, f);
+    }
+    fn remove_fun(&mut self, k: &K) {
+        self.remove(k);
+    }
+    fn keys_of(&self) -> impl Iterator<Item = &K> {
+        self.keys()
+    }
+    fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)> {
+        self.iter_mut()
+    }
+    fn drop_empty(&mut self) {
+        self.retain(|_, f| !f.is_empty());
+    }
+}
 
 /// Joins one store (registrations or leases): first every key the other side stores, then
 /// the keys its context may reach into: the ones it names (`touched`) or, for a full state,
