@@ -232,6 +232,39 @@ impl Replica {
             .then(|| self.apply_own(State::removal(dots, [key].into(), BTreeSet::new()), now_ms))
     }
 
+    /// The counters this replica will never mint but has not seen either: the part of its
+    /// counter floor above what its state shows. After a crash, the floor on disk is ahead
+    /// of the saved state; some of those dots were minted and shipped before the crash
+    /// (peers may hold them), the rest never were.
+    pub fn unclaimed_gap(&self) -> u64 {
+        let seen = self.state.ctx.seen_through(self.id);
+        (seen + 1..=self.counter_floor)
+            .filter(|c| !self.state.ctx.contains(&dot(self.id, *c)))
+            .count() as u64
+    }
+
+    /// Claims every counter up to the floor that this replica's context lacks, as
+    /// removed from `regs` and from the leases of `providers`: the keys this replica could
+    /// have written before a crash (its own registrations, those it removed lately, and
+    /// its providers' leases). Peers drop any value they hold under those dots (an old
+    /// write of ours, superseded by what the caller rewrote at start) and their version
+    /// vectors close the gap, so the context stays compact.
+    ///
+    /// Call it after rewriting this node's own registrations. `None` when there is no gap.
+    pub fn close_gap(
+        &mut self,
+        regs: BTreeSet<RegKey>,
+        providers: BTreeSet<ProviderId>,
+        now_ms: u64,
+    ) -> Option<Applied> {
+        let seen = self.state.ctx.seen_through(self.id);
+        let gap: Vec<Dot> = (seen + 1..=self.counter_floor)
+            .map(|c| dot(self.id, c))
+            .filter(|d| !self.state.ctx.contains(d))
+            .collect();
+        (!gap.is_empty()).then(|| self.apply_own(State::removal(gap, regs, providers), now_ms))
+    }
+
     /// Removes a provider entirely: its lease and all its registrations (a graceful exit).
     /// `None` when the provider holds nothing.
     pub fn deregister_provider(&mut self, provider: &ProviderId, now_ms: u64) -> Option<Applied> {

@@ -18,6 +18,9 @@ mod registry_codec;
 /// Size stays bounded by live services however long the churn.
 mod registry_size;
 
+/// A crashed node resumes under its counter floor and closes the gap.
+mod registry_restart;
+
 /// The replication protocol in the deterministic simulator: many nodes, faults, then healing.
 mod transport_sim;
 
