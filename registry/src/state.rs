@@ -455,6 +455,17 @@ impl State {
         }
     }
 
+    /// The registration keys holding a value written by `replica`.
+    pub fn written_by(&self, replica: crate::id::ReplicaId) -> Vec<RegKey> {
+        let mut keys = Vec::new();
+        for (k, f) in &self.regs {
+            if f.dots().any(|d| d.actor == replica) {
+                keys.push(k.clone());
+            }
+        }
+        keys
+    }
+
     /// How many stored dots `replica` minted.
     pub(crate) fn dots_of(&self, replica: crate::id::ReplicaId) -> usize {
         let regs = self.regs.values().flat_map(|f| f.dots());

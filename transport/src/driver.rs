@@ -56,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
+pub use conn::{ClientConn, ClientStream, CLIENT_SUBPROTOCOL};
 pub use limits::{DriverCounters, Limits};
 pub use tls::TlsConfig;
 
@@ -99,6 +100,12 @@ pub struct DriverConfig {
     pub limits: Limits,
     /// TLS: when set, the node serves `wss://` only and can dial `wss://` peers.
     pub tls: Option<TlsConfig>,
+    /// What a node resuming from disk writes again before it talks to a peer
+    /// ([`Node::resume`]).
+    pub resume: proto::Resume,
+    /// Where connections of clients ([`CLIENT_SUBPROTOCOL`]) go after the upgrade; `None`
+    /// refuses them. They count under the inbound cap.
+    pub clients: Option<mpsc::Sender<ClientConn>>,
 }
 
 impl DriverConfig {
@@ -113,6 +120,8 @@ impl DriverConfig {
             protocol: proto::Config::default(),
             limits: Limits::default(),
             tls: None,
+            resume: proto::Resume::default(),
+            clients: None,
         }
     }
 }
@@ -236,7 +245,18 @@ pub fn start(
         url: url.clone(),
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
-    let node = Node::new(info.clone(), replica, seeds, config.protocol, seed, now_ms())?;
+    let mut node = Node::new(info.clone(), replica, seeds, config.protocol, seed, now_ms())?;
+    let resumed = node.resume(config.resume, now_ms());
+    if resumed != proto::Resumed::default() {
+        info!(
+            node = info.name,
+            rewritten = resumed.rewritten,
+            refused = resumed.refused,
+            removed = resumed.removed,
+            gap = resumed.gap,
+            "resumed: own registrations written again"
+        );
+    }
 
     let shutdown = shutdown.child_token();
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -258,6 +278,7 @@ pub fn start(
         events_tx,
         shutdown.clone(),
         tls,
+        config.clients,
     ));
     let tracker = TaskTracker::new();
     let span = tracing::info_span!("roster", node = %info.name);
@@ -424,6 +445,34 @@ impl Handle {
             answer,
         )
         .await?
+    }
+
+    /// Runs `f` on the node task with the protocol state machine and the wall time, and
+    /// returns what it returns: for reads the replica snapshot does not answer (members,
+    /// acknowledgements).
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn inspect<T, F>(&self, f: F) -> Result<T, DriverError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Node, u64) -> T + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let run = Box::new(move |node: &Node, now: u64| {
+            let _ = reply.send(f(node, now));
+        });
+        self.ask(Command::Inspect(node::Inspect(run)), answer).await
+    }
+
+    /// Asks a connected peer for an anti-entropy round now. Returns whether one was
+    /// connected.
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn sync_now(&self) -> Result<bool, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Command::SyncNow(reply), answer).await
     }
 
     async fn ask<T>(&self, cmd: Command, answer: oneshot::Receiver<T>) -> Result<T, DriverError> {

@@ -81,6 +81,32 @@ impl Secret {
     }
 }
 
+impl Secret {
+    /// HMAC-SHA256 under the secret of `label` then each part, each prefixed with its
+    /// length: a proof of the secret bound to those bytes (for protocols besides the peer
+    /// handshake, such as client authentication).
+    pub fn prove(&self, label: &[u8], parts: &[&[u8]]) -> [u8; PROOF_LEN] {
+        self.mac(label, parts).finalize().into_bytes().into()
+    }
+
+    /// Whether `proof` is [`Secret::prove`] of the same label and parts (in constant time).
+    pub fn verify(&self, label: &[u8], parts: &[&[u8]], proof: &[u8]) -> bool {
+        self.mac(label, parts).verify_slice(proof).is_ok()
+    }
+
+    fn mac(&self, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = match HmacSha256::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(e) => unreachable!("HMAC takes keys of any length: {e}"),
+        };
+        for p in std::iter::once(label).chain(parts.iter().copied()) {
+            mac.update(&(p.len() as u64).to_le_bytes());
+            mac.update(p);
+        }
+        mac
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(..)")

@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -44,6 +44,9 @@ use crate::proto::{ConnId, DialTarget, NodeInfo};
 
 /// The WebSocket subprotocol roster peers speak; the server echoes it.
 pub(super) const SUBPROTOCOL: &str = "roster.v1";
+/// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
+/// the application (`DriverConfig::clients`) after the upgrade.
+pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
 /// How long a closing connection waits for the peer's close frame.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// The longest close reason a WebSocket close frame carries, in bytes.
@@ -224,7 +227,31 @@ pub(super) struct Shared {
     pub abort: CancellationToken,
     /// Set when the node serves and dials `wss://`.
     pub tls: Option<Tls>,
+    /// Where client connections go; `None` refuses them.
+    pub clients: Option<mpsc::Sender<ClientConn>>,
     next_conn: AtomicU64,
+}
+
+/// A byte stream a client connection runs over (TCP, or TLS over TCP).
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ClientStream for T {}
+
+/// A client connection (subprotocol [`CLIENT_SUBPROTOCOL`]), upgraded and handed to the
+/// application, which speaks its own protocol over it. It holds its place under the
+/// inbound cap until dropped.
+#[derive(Debug)]
+pub struct ClientConn {
+    /// The WebSocket, with the node's frame and message limits.
+    pub ws: WebSocketStream<Box<dyn ClientStream>>,
+    /// Who connected.
+    pub peer: SocketAddr,
+    _slot: InboundGuard,
+}
+
+impl std::fmt::Debug for dyn ClientStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientStream")
+    }
 }
 
 impl Shared {
@@ -235,6 +262,7 @@ impl Shared {
         events: mpsc::Sender<ConnEvent>,
         shutdown: CancellationToken,
         tls: Option<Tls>,
+        clients: Option<mpsc::Sender<ClientConn>>,
     ) -> Self {
         Self {
             handshake,
@@ -245,6 +273,7 @@ impl Shared {
             shutdown,
             abort: CancellationToken::new(),
             tls,
+            clients,
             next_conn: AtomicU64::new(1),
         }
     }
@@ -267,7 +296,7 @@ impl Shared {
 
 /// Counts an inbound connection for the inbound cap while it lives.
 #[derive(Debug)]
-pub(super) struct InboundGuard(Arc<AtomicUsize>);
+pub(crate) struct InboundGuard(Arc<AtomicUsize>);
 
 impl InboundGuard {
     pub(super) fn new(count: Arc<AtomicUsize>) -> Self {
@@ -505,23 +534,36 @@ where
     Ok(peer)
 }
 
-/// Accepts the upgrade only for clients that ask for [`SUBPROTOCOL`], and echoes it.
+/// Accepts the upgrade for peers that ask for [`SUBPROTOCOL`] and, when `clients` is set,
+/// for clients that ask for [`CLIENT_SUBPROTOCOL`] (noting it in `clients`); echoes it.
 #[allow(clippy::result_large_err)] // the signature is tungstenite's
-fn check_subprotocol(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
-    let offered = req
+fn check_subprotocol(
+    req: &Request,
+    mut resp: Response,
+    clients: Option<&AtomicBool>,
+) -> Result<Response, ErrorResponse> {
+    let offered: Vec<&str> = req
         .headers()
         .get_all("Sec-WebSocket-Protocol")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == SUBPROTOCOL);
-    if !offered {
-        let mut e = ErrorResponse::new(Some(format!("roster peers speak the {SUBPROTOCOL} subprotocol")));
+        .map(str::trim)
+        .collect();
+    let chosen = if offered.contains(&SUBPROTOCOL) {
+        SUBPROTOCOL
+    } else if let (Some(flag), true) = (clients, offered.contains(&CLIENT_SUBPROTOCOL)) {
+        flag.store(true, Ordering::Relaxed);
+        CLIENT_SUBPROTOCOL
+    } else {
+        let mut e = ErrorResponse::new(Some(format!(
+            "roster peers speak the {SUBPROTOCOL} subprotocol, clients {CLIENT_SUBPROTOCOL}"
+        )));
         *e.status_mut() = StatusCode::BAD_REQUEST;
         return Err(e);
-    }
+    };
     resp.headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(chosen));
     Ok(resp)
 }
 
@@ -533,21 +575,31 @@ async fn bounded<T>(shared: &Shared, work: impl Future<Output = Result<T, Fail>>
     }
 }
 
-/// Serves one accepted TCP connection: TLS if configured, the upgrade, the handshake, then
-/// the connection. `_guard` holds its place under the inbound cap until it ends.
-pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, _guard: InboundGuard) {
+/// Serves one accepted TCP connection: TLS if configured, the upgrade, then the handshake
+/// and the connection (a peer), or the hand-off to the application (a client). `guard`
+/// holds its place under the inbound cap until it ends.
+pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, guard: InboundGuard) {
     let who = addr.to_string();
     let result = match shared.tls.as_ref().map(Tls::acceptor) {
-        None => accept_over(&shared, async { Ok(tcp) }).await,
+        None => {
+            accept_over(
+                &shared,
+                async { Ok(Box::new(tcp) as Box<dyn ClientStream>) },
+                addr,
+                guard,
+            )
+            .await
+        }
         Some(acceptor) => {
             // A client that does not speak TLS is common noise (scanners): a network failure.
             let tls = async move {
                 acceptor
                     .accept(tcp)
                     .await
+                    .map(|s| Box::new(s) as Box<dyn ClientStream>)
                     .map_err(|e| Fail::Network(format!("TLS: {e}")))
             };
-            accept_over(&shared, tls).await
+            accept_over(&shared, tls, addr, guard).await
         }
     };
     if let Err(fail) = result {
@@ -555,32 +607,52 @@ pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared
     }
 }
 
-async fn accept_over<S>(
+async fn accept_over(
     shared: &Arc<Shared>,
-    stream: impl Future<Output = Result<S, Fail>>,
-) -> Result<(), Fail>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+    stream: impl Future<Output = Result<Box<dyn ClientStream>, Fail>>,
+    addr: SocketAddr,
+    guard: InboundGuard,
+) -> Result<(), Fail> {
+    let is_client = AtomicBool::new(false);
+    let flag = shared.clients.as_ref().map(|_| &is_client);
     let establish = async {
         let stream = stream.await?;
         let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
-            check_subprotocol,
+            |req: &Request, resp: Response| check_subprotocol(req, resp, flag),
             Some(shared.ws_config()),
         )
         .await
         .map_err(ws_fail)?;
+        if is_client.load(Ordering::Relaxed) {
+            return Ok((ws, None));
+        }
         match server_handshake(&mut ws, shared).await {
-            Ok(peer) => Ok((ws, peer)),
+            Ok(peer) => Ok((ws, Some(peer))),
             Err(fail) => {
                 refuse(&mut ws, &fail).await;
                 Err(fail)
             }
         }
     };
-    let (ws, peer) = bounded(shared, establish).await?;
-    run(ws, shared.next_conn(), peer, false, None, Arc::clone(shared)).await;
+    match bounded(shared, establish).await? {
+        (ws, Some(peer)) => {
+            run(ws, shared.next_conn(), peer, false, None, Arc::clone(shared)).await;
+            drop(guard);
+        }
+        (ws, None) => {
+            if let Some(clients) = &shared.clients {
+                let conn = ClientConn {
+                    ws,
+                    peer: addr,
+                    _slot: guard,
+                };
+                if clients.send(conn).await.is_err() {
+                    debug!(node = shared.node(), "a client connected while the node stops");
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -738,7 +810,7 @@ async fn run<S>(
     let end = tokio::select! {
         () = kill.cancelled() => End::Killed,
         end = read_loop(&mut stream, conn, &shared) => end,
-        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame()) => end,
+        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts) => end,
     };
     let node = shared.node();
     let c = &shared.counts;
@@ -841,7 +913,14 @@ where
             return End::RateLimited;
         }
         match msg {
-            WsMessage::Binary(bytes) => match chunks.push(&bytes) {
+            WsMessage::Binary(bytes) => match {
+                bump(&shared.counts.frames_received);
+                shared
+                    .counts
+                    .bytes_received
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                chunks.push(&bytes)
+            } {
                 Err(e) => return End::Chunk(e),
                 Ok(Step::Partial) => {}
                 Ok(Step::Envelope(bytes)) => match Envelope::decode(&bytes) {
@@ -874,6 +953,7 @@ async fn write_loop<S>(
     rx: &mut mpsc::Receiver<Outgoing>,
     link: &Link,
     frame: usize,
+    counts: &Counts,
 ) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -884,6 +964,8 @@ where
             match out {
                 Outgoing::Message(bytes) => {
                     for chunk in chunk::split(&bytes, frame) {
+                        bump(&counts.frames_sent);
+                        counts.bytes_sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         if let Err(e) = sink.feed(WsMessage::binary(chunk)).await {
                             return End::Failed(e.to_string());
                         }

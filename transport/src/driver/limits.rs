@@ -116,6 +116,14 @@ pub struct DriverCounters {
     pub slow_peers: u64,
     /// Dials that failed (network, handshake, or another node answering).
     pub dial_failures: u64,
+    /// WebSocket frames sent to peers after their handshake.
+    pub frames_sent: u64,
+    /// Bytes of those frames (payload).
+    pub bytes_sent: u64,
+    /// WebSocket frames received from peers after their handshake.
+    pub frames_received: u64,
+    /// Bytes of those frames (payload).
+    pub bytes_received: u64,
 }
 
 /// The live counters, shared by the driver's tasks.
@@ -132,6 +140,10 @@ pub(super) struct Counts {
     pub rate_limited: AtomicU64,
     pub slow_peers: AtomicU64,
     pub dial_failures: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub bytes_received: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -154,6 +166,10 @@ impl Counts {
             rate_limited: g(&self.rate_limited),
             slow_peers: g(&self.slow_peers),
             dial_failures: g(&self.dial_failures),
+            frames_sent: g(&self.frames_sent),
+            bytes_sent: g(&self.bytes_sent),
+            frames_received: g(&self.frames_received),
+            bytes_received: g(&self.bytes_received),
         }
     }
 }

@@ -46,6 +46,17 @@ pub(super) enum Command {
         provider: ProviderId,
         reply: oneshot::Sender<Result<bool, DriverError>>,
     },
+    Inspect(Inspect),
+    SyncNow(oneshot::Sender<bool>),
+}
+
+/// A read run on the node task.
+pub(super) struct Inspect(pub Box<dyn FnOnce(&Node, u64) + Send>);
+
+impl std::fmt::Debug for Inspect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Inspect")
+    }
 }
 
 /// What handles read of the node besides its replica.
@@ -244,6 +255,10 @@ impl NodeTask {
                 self.flush();
                 self.publish_replica();
                 let _ = reply.send(r);
+            }
+            Command::Inspect(Inspect(f)) => f(&self.node, now),
+            Command::SyncNow(reply) => {
+                let _ = reply.send(self.node.sync_now(now));
             }
         }
     }

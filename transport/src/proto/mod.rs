@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    CausalContext, Change, ClockSkew, Endpoint, HlcClock, InvalidInput, Metadata, ProviderId, Replica,
-    ReplicaId, ServiceName, State,
+    CausalContext, Change, ClockSkew, Dot, Endpoint, HlcClock, InvalidInput, Metadata, ProviderId, RegKey,
+    Replica, ReplicaId, ServiceName, State,
 };
 
 use crate::backoff::{Backoff, BackoffPolicy, Failure};
@@ -245,6 +245,61 @@ struct Peer {
     last_seen_ms: u64,
 }
 
+/// A registration a node owned before it stopped, to write again when it resumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedRegistration {
+    /// The service.
+    pub service: ServiceName,
+    /// The provider (instance).
+    pub provider: ProviderId,
+    /// Where it listens.
+    pub endpoint: Endpoint,
+    /// Its metadata.
+    pub meta: Metadata,
+    /// Its lease, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// What a node resuming from disk must write again and may have written before it
+/// stopped (see [`Node::resume`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The registrations it owns.
+    pub owned: Vec<OwnedRegistration>,
+    /// Keys it owned lately and removed: a removal lost in a crash is redone.
+    pub removed: Vec<RegKey>,
+    /// Whether `owned` is the whole truth: registrations in the replica written by this
+    /// node and not in `owned` are removed (a removal lost in a crash). `false` for a
+    /// replica built by hand.
+    pub drop_unowned: bool,
+}
+
+/// What [`Node::resume`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Own registrations written again.
+    pub rewritten: usize,
+    /// Own registrations that could not be written again (a limit changed); skipped.
+    pub refused: usize,
+    /// Registrations written by this node that it no longer owns, removed.
+    pub removed: usize,
+    /// Counters under the floor claimed (see `Replica::close_gap`).
+    pub gap: u64,
+}
+
+/// A node this node knows of, for `roster members`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownPeer {
+    /// Its id.
+    pub id: ReplicaId,
+    /// Its last known URL.
+    pub url: Option<String>,
+    /// When it was last a live member or connected (wall ms).
+    pub last_seen_ms: u64,
+    /// Whether a connection to it is open.
+    pub connected: bool,
+}
+
 /// One registration this node owns and keeps alive.
 #[derive(Debug, Clone)]
 struct Owned {
@@ -455,6 +510,93 @@ impl Node {
         self.renew_at = self.renew_at.min(now_ms + ttl_ms / 3);
         self.local_delta(applied.delta, applied.changes, now_ms);
         Ok(())
+    }
+
+    /// Picks up where a previous process of this node left off, before it talks to any
+    /// peer: writes its own registrations again (peers see an update, never a removal),
+    /// removes registrations it wrote but no longer owns (a removal lost in a crash), and
+    /// claims the counters between its saved state and its floor (`Replica::close_gap`)
+    /// over every key it could have written. Call it right after [`Node::new`].
+    pub fn resume(&mut self, resume: Resume, now_ms: u64) -> Resumed {
+        let mut done = Resumed::default();
+        let me = self.me.id;
+        let member = (members_service(), member_provider(me));
+        let mut keys: BTreeSet<RegKey> = resume.removed.into_iter().collect();
+        keys.insert(RegKey {
+            service: member.0.clone(),
+            provider: member.1.clone(),
+        });
+        for o in resume.owned {
+            keys.insert(RegKey {
+                service: o.service.clone(),
+                provider: o.provider.clone(),
+            });
+            match self.register(o.service, o.provider, o.endpoint, o.meta, o.ttl_ms, now_ms) {
+                Ok(()) => done.rewritten += 1,
+                Err(_) => done.refused += 1,
+            }
+        }
+        let stale: Vec<RegKey> = if resume.drop_unowned {
+            self.replica.state().written_by(me)
+        } else {
+            Vec::new()
+        };
+        let stale: Vec<(ServiceName, ProviderId)> = stale
+            .into_iter()
+            .filter(|k| !self.owned.contains_key(&(k.service.clone(), k.provider.clone())))
+            .map(|k| (k.service, k.provider))
+            .collect();
+        for (s, p) in stale {
+            keys.insert(RegKey {
+                service: s.clone(),
+                provider: p.clone(),
+            });
+            if self.deregister(&s, &p, now_ms) {
+                done.removed += 1;
+            }
+        }
+        done.gap = self.replica.unclaimed_gap();
+        let providers = keys.iter().map(|k| k.provider.clone()).collect();
+        if let Some(applied) = self.replica.close_gap(keys, providers, now_ms) {
+            self.local_delta(applied.delta, applied.changes, now_ms);
+        }
+        done
+    }
+
+    /// Asks a connected peer for an anti-entropy round (a digest exchange) at once.
+    /// Returns whether a peer was connected to ask.
+    pub fn sync_now(&mut self, now_ms: u64) -> bool {
+        match self.random_connected(1, None).pop() {
+            Some(p) if !self.stopping => {
+                self.send_to_peer(p, Message::digest(self.replica.context(), false), now_ms);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The peers whose last digest shows they hold `dot`.
+    pub fn acknowledged(&self, dot: &Dot) -> Vec<ReplicaId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.digest.as_ref().is_some_and(|d| d.contains(dot)))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Every other node this node knows of: live members, connected peers, and peers it
+    /// lost lately.
+    pub fn known_peers(&self) -> Vec<KnownPeer> {
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        self.peers
+            .iter()
+            .map(|(id, p)| KnownPeer {
+                id: *id,
+                url: p.url.clone(),
+                last_seen_ms: p.last_seen_ms,
+                connected: connected.contains(id),
+            })
+            .collect()
     }
 
     /// Removes an instance this node owns. Returns whether there was one.
