@@ -619,6 +619,7 @@ async fn accept_over(
         let stream = stream.await?;
         let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
+            #[allow(clippy::result_large_err)] // the signature is tungstenite's
             |req: &Request, resp: Response| check_subprotocol(req, resp, flag),
             Some(shared.ws_config()),
         )
@@ -909,18 +910,18 @@ where
         };
         // A chunk of a message being received may ride on the token its first chunk paid.
         let free = matches!(&msg, WsMessage::Binary(b) if chunks.rides_free(b));
+        if let WsMessage::Binary(b) = &msg {
+            bump(&shared.counts.frames_received);
+            shared
+                .counts
+                .bytes_received
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
+        }
         if !free && !bucket.take(Instant::now()) {
             return End::RateLimited;
         }
         match msg {
-            WsMessage::Binary(bytes) => match {
-                bump(&shared.counts.frames_received);
-                shared
-                    .counts
-                    .bytes_received
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                chunks.push(&bytes)
-            } {
+            WsMessage::Binary(bytes) => match chunks.push(&bytes) {
                 Err(e) => return End::Chunk(e),
                 Ok(Step::Partial) => {}
                 Ok(Step::Envelope(bytes)) => match Envelope::decode(&bytes) {

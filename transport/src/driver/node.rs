@@ -50,8 +50,11 @@ pub(super) enum Command {
     SyncNow(oneshot::Sender<bool>),
 }
 
+/// A read run on the node task, given the state machine and the wall time.
+pub(super) type InspectFn = dyn FnOnce(&Node, u64) + Send;
+
 /// A read run on the node task.
-pub(super) struct Inspect(pub Box<dyn FnOnce(&Node, u64) + Send>);
+pub(super) struct Inspect(pub Box<InspectFn>);
 
 impl std::fmt::Debug for Inspect {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
