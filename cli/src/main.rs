@@ -1,25 +1,216 @@
-//! The `roster` command.
+//! The `roster` binary: `roster agent` runs a node; the other commands ask one.
 //!
-//! For now it reports its version; `roster agent` and the query commands (`ls`, `get`,
-//! `watch`, `members`, ...) arrive with the agent.
+//! Exit codes: 0 success; 1 not found or failed; 2 usage or bad input; 3 cannot reach or
+//! authenticate to the agent.
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        None | Some("--version") | Some("-V") | Some("version") => {
-            println!("roster {}", env!("CARGO_PKG_VERSION"));
-        }
-        Some("--help") | Some("-h") | Some("help") => {
-            println!(
-                "roster {}: a replicated service registry",
-                env!("CARGO_PKG_VERSION")
-            );
-            println!("usage: roster --version");
-            println!("The agent and the query commands are not built yet; see README.md.");
-        }
-        Some(other) => {
-            eprintln!("roster: unknown command {other:?}; run `roster --help` for the commands");
-            std::process::exit(2);
+mod agent;
+mod commands;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A failure with its exit code and one line for stderr.
+#[derive(Debug)]
+pub struct Fail {
+    /// 1 failed or not found, 2 usage or bad input, 3 cannot reach or authenticate.
+    pub code: u8,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl Fail {
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            code: 1,
+            message: message.into(),
         }
     }
+
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    pub fn unreachable(message: impl Into<String>) -> Self {
+        Self {
+            code: 3,
+            message: message.into(),
+        }
+    }
+}
+
+/// roster: a replicated service registry.
+///
+/// Run a node with `roster agent`; register, find and watch services with the other
+/// commands, which ask the agent at --agent (default ws://127.0.0.1:7420).
+#[derive(Debug, Parser)]
+#[command(name = "roster", version, propagate_version = true, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a roster node (an agent) in the foreground.
+    Agent(agent::AgentArgs),
+    /// Register an instance of a service; the agent owns and renews it until `deregister`.
+    Register {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name (DNS-like: letters, digits, '-', dots between labels).
+        service: String,
+        /// Where the instance listens, host:port.
+        address: String,
+        /// Metadata, KEY=VALUE (repeat for more).
+        #[arg(long = "meta", value_name = "K=V")]
+        meta: Vec<String>,
+        /// The instance id (default: <service>-<agent node name>).
+        #[arg(long = "id", value_name = "INSTANCE")]
+        id: Option<String>,
+        /// Deregister it when this long passes without another `register` (e.g. 30s, 5m).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Deregister an instance the agent owns.
+    Deregister {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// List services and their live instance counts.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show the live instances of a service (exit 1 when there is none).
+    Get {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name.
+        service: String,
+    },
+    /// Show a service's instances, then its changes as they arrive, until interrupted.
+    Watch {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name.
+        service: String,
+    },
+    /// List the nodes of the cluster.
+    Members {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show this agent: identity, peers, launches, counters.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show where a registration came from and which peers have it.
+    Explain {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// Ask for an anti-entropy round now (at most once per the agent's --sync-min-interval).
+    Sync {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// How a client command reaches its agent.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The agent to ask.
+    #[arg(long, value_name = "URL", env = "ROSTER_AGENT", default_value = roster::DEFAULT_AGENT_URL)]
+    pub agent: String,
+    /// A file holding the cluster secret (needed when the agent is not on loopback).
+    #[arg(long, value_name = "FILE", env = "ROSTER_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let is_agent = matches!(cli.command, Command::Agent(_));
+    init_logging(is_agent);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("roster: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Agent(args) => agent::run(args).await,
+            Command::Register {
+                client,
+                service,
+                address,
+                meta,
+                id,
+                ttl,
+            } => commands::register(&client, service, address, meta, id, ttl).await,
+            Command::Deregister {
+                client,
+                service,
+                instance,
+            } => commands::deregister(&client, service, instance).await,
+            Command::Ls { client } => commands::ls(&client).await,
+            Command::Get { client, service } => commands::get(&client, service).await,
+            Command::Watch { client, service } => commands::watch(&client, service).await,
+            Command::Members { client } => commands::members(&client).await,
+            Command::Status { client } => commands::status(&client).await,
+            Command::Explain {
+                client,
+                service,
+                instance,
+            } => commands::explain(&client, service, instance).await,
+            Command::Sync { client } => commands::sync(&client).await,
+        }
+    });
+    // Watches and the agent end on a signal; nothing else may linger.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(fail) => {
+            eprintln!("roster: error: {}", fail.message);
+            ExitCode::from(fail.code)
+        }
+    }
+}
+
+/// Logs go to stderr: `info` for the agent, `warn` for commands; `ROSTER_LOG` (an
+/// `EnvFilter` directive such as `debug` or `roster_transport=debug`) overrides.
+fn init_logging(agent: bool) {
+    let default = if agent { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROSTER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
 }

@@ -1,0 +1,255 @@
+//! `roster agent`: flags, the TOML config file and `ROSTER_<FLAG>` variables, then a node
+//! that serves clients until SIGINT or SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::{parse_duration, Fail};
+
+/// Flags of `roster agent`. Each has a key in the config file (the flag's name) and a
+/// variable `ROSTER_<FLAG>`; a flag beats its variable, which beats the file.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// A TOML config file whose keys are the flags' names (listen = "...", join = [...]).
+    #[arg(long, value_name = "FILE", env = "ROSTER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where to listen for peers and clients [default: 127.0.0.1:7420].
+    #[arg(long, value_name = "ADDR", env = "ROSTER_LISTEN")]
+    listen: Option<String>,
+    /// The URL peers dial [default: ws:// and the listen address].
+    #[arg(long, value_name = "URL", env = "ROSTER_ADVERTISE")]
+    advertise: Option<String>,
+    /// A node to join through, ws://host:port (repeat for more; the variable takes a
+    /// comma-separated list).
+    #[arg(long, value_name = "URL", env = "ROSTER_JOIN", value_delimiter = ',')]
+    join: Vec<String>,
+    /// Where the replica and this node's registrations live [default: $ROSTER_DATA_DIR,
+    /// or the platform data directory].
+    #[arg(long, value_name = "DIR", env = "ROSTER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// A file holding the cluster secret (at least 16 bytes); required to listen beyond
+    /// loopback.
+    #[arg(long, value_name = "FILE", env = "ROSTER_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// This node's name, for people [default: node-<id>].
+    #[arg(long, value_name = "NAME", env = "ROSTER_NODE_NAME")]
+    node_name: Option<String>,
+    /// Peers each change and gossip round goes to [default: 3].
+    #[arg(long, value_name = "N", env = "ROSTER_FANOUT")]
+    fanout: Option<usize>,
+    /// The gossip round [default: 1s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_GOSSIP_INTERVAL", value_parser = parse_duration)]
+    gossip_interval: Option<Duration>,
+    /// The lease of this node's registrations and membership [default: 30s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_LEASE_TTL", value_parser = parse_duration)]
+    lease_ttl: Option<Duration>,
+    /// The least time between two `roster sync` runs [default: 30s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_SYNC_MIN_INTERVAL", value_parser = parse_duration)]
+    sync_min_interval: Option<Duration>,
+    /// The cluster's name; nodes of another cluster are refused [default: roster].
+    #[arg(long, value_name = "NAME", env = "ROSTER_CLUSTER")]
+    cluster: Option<String>,
+}
+
+/// The config file: the flags' names as keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    listen: Option<String>,
+    advertise: Option<String>,
+    join: Option<Vec<String>>,
+    data_dir: Option<PathBuf>,
+    cluster_secret_file: Option<PathBuf>,
+    node_name: Option<String>,
+    fanout: Option<usize>,
+    gossip_interval: Option<String>,
+    lease_ttl: Option<String>,
+    sync_min_interval: Option<String>,
+    cluster: Option<String>,
+}
+
+/// The largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+/// The largest secret file read.
+const MAX_SECRET_BYTES: u64 = 4096;
+
+fn read_config(path: &Path) -> Result<FileConfig, Fail> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Fail::usage(format!("cannot read config file {shown}: {e}; check the --config path")))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(Fail::usage(format!(
+            "config file {shown} has {} bytes, over the limit of {MAX_CONFIG_BYTES}; is it the right file?",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Fail::usage(format!("cannot read config file {shown}: {e}; check the --config path")))?;
+    toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
+            .unwrap_or(0);
+        let what = e.message().lines().next().unwrap_or("invalid TOML").trim().to_string();
+        Fail::usage(format!(
+            "config file {shown}, line {line}: {what}; keys are the agent's flag names (listen, join, data-dir, ...)"
+        ))
+    })
+}
+
+fn file_duration(path: &Path, key: &str, v: Option<String>) -> Result<Option<Duration>, Fail> {
+    v.map(|s| {
+        parse_duration(&s).map_err(|e| Fail::usage(format!("config file {}: {key}: {e}", path.display())))
+    })
+    .transpose()
+}
+
+/// Reads the cluster secret from `path`: its bytes, without trailing whitespace.
+pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Fail::usage(format!(
+            "cannot read the cluster secret file {shown}: {e}; check --cluster-secret-file"
+        ))
+    })?;
+    if meta.len() > MAX_SECRET_BYTES {
+        return Err(Fail::usage(format!(
+            "the cluster secret file {shown} has {} bytes, over the limit of {MAX_SECRET_BYTES}",
+            meta.len()
+        )));
+    }
+    let mut bytes = std::fs::read(path).map_err(|e| {
+        Fail::usage(format!(
+            "cannot read the cluster secret file {shown}: {e}; check --cluster-secret-file"
+        ))
+    })?;
+    while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+        bytes.pop();
+    }
+    let min = roster::transport::handshake::MIN_SECRET_LEN;
+    if bytes.len() < min {
+        return Err(Fail::usage(format!(
+            "the cluster secret in {shown} has {} bytes; use at least {min} (e.g. `head -c 32 /dev/urandom | base64 > {shown}`)",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+fn default_data_dir() -> Result<PathBuf, Fail> {
+    dirs::data_dir()
+        .map(|d| d.join("roster"))
+        .ok_or_else(|| Fail::usage("no platform data directory; pass --data-dir DIR (or set ROSTER_DATA_DIR)"))
+}
+
+/// Runs the agent until SIGINT or SIGTERM, then leaves gracefully.
+pub async fn run(args: AgentArgs) -> Result<(), Fail> {
+    let file = match &args.config {
+        Some(p) => read_config(p)?,
+        None => FileConfig::default(),
+    };
+    let cfg_path = args.config.clone().unwrap_or_default();
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| roster::DEFAULT_LISTEN.to_string());
+    let advertise = args.advertise.or(file.advertise);
+    let join = if args.join.is_empty() {
+        file.join.unwrap_or_default()
+    } else {
+        args.join
+    };
+    let data_dir = match args.data_dir.or(file.data_dir) {
+        Some(d) => d,
+        None => default_data_dir()?,
+    };
+    let secret_file = args.cluster_secret_file.or(file.cluster_secret_file);
+    let node_name = args.node_name.or(file.node_name);
+    let fanout = args.fanout.or(file.fanout);
+    let gossip = match args.gossip_interval {
+        Some(d) => Some(d),
+        None => file_duration(&cfg_path, "gossip-interval", file.gossip_interval)?,
+    };
+    let lease = match args.lease_ttl {
+        Some(d) => Some(d),
+        None => file_duration(&cfg_path, "lease-ttl", file.lease_ttl)?,
+    };
+    let sync_min = match args.sync_min_interval {
+        Some(d) => Some(d),
+        None => file_duration(&cfg_path, "sync-min-interval", file.sync_min_interval)?,
+    };
+    let cluster = args.cluster.or(file.cluster);
+
+    let mut b = roster::Node::builder()
+        .listen(listen)
+        .join(join.iter().cloned())
+        .data_dir(&data_dir)
+        .serve_clients(true);
+    if let Some(a) = advertise {
+        b = b.advertise(a);
+    }
+    if let Some(p) = &secret_file {
+        b = b.cluster_secret(read_secret(p)?);
+    }
+    if let Some(n) = node_name {
+        b = b.node_name(n);
+    }
+    if let Some(f) = fanout {
+        b = b.fanout(f);
+    }
+    if let Some(d) = gossip {
+        b = b.gossip_interval(d);
+    }
+    if let Some(d) = lease {
+        b = b.lease_ttl(d);
+    }
+    if let Some(d) = sync_min {
+        b = b.sync_min_interval(d);
+    }
+    if let Some(c) = cluster {
+        b = b.cluster(c);
+    }
+    let node = b.start().await.map_err(|e| match e {
+        roster::Error::Invalid(m) => Fail::usage(m),
+        other => Fail::failed(other.to_string()),
+    })?;
+    println!("roster agent {}: node {} ({})", env!("CARGO_PKG_VERSION"), node.name(), node.id());
+    println!("listening on {}", node.url());
+    println!("data in {}", data_dir.display());
+    if join.is_empty() {
+        println!("joining nobody (no --join): waiting for peers to dial in");
+    } else {
+        println!("joining {}", join.join(", "));
+    }
+    wait_for_signal().await;
+    tracing::info!("leaving the cluster");
+    node.shutdown()
+        .await
+        .map_err(|e| Fail::failed(format!("the last save failed: {e}")))?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

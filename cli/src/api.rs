@@ -1,0 +1,358 @@
+//! The client protocol: what `roster` commands (and other tools) say to an agent.
+//!
+//! A client opens a WebSocket to the agent's listener with the subprotocol
+//! `roster.client.v1`. Every message is one binary frame: a version byte
+//! ([`CLIENT_PROTOCOL_VERSION`]) and a postcard-encoded value.
+//!
+//! 1. The agent speaks first: [`ServerHello`] (its node, a fresh nonce, and whether the
+//!    client must prove the cluster secret: it must when the agent has a secret and the
+//!    client is not on loopback).
+//! 2. When asked to, the client sends [`ClientMessage::Auth`]: its own nonce and
+//!    `HMAC(secret, "roster client v1", server nonce, client nonce)`; the agent answers
+//!    [`ServerMessage::AuthOk`] with its own proof over the same nonces, which the client
+//!    checks (so a client does not trust an agent that does not hold the secret).
+//! 3. The client sends one [`Request`]; the agent answers with one [`ServerMessage`], or,
+//!    for [`Request::Watch`], a stream of them until either side closes.
+
+use serde::{Deserialize, Serialize};
+
+/// The version byte every client-protocol message starts with.
+pub const CLIENT_PROTOCOL_VERSION: u8 = 1;
+/// The nonce length of the client authentication.
+pub const NONCE_LEN: usize = 32;
+/// The label of the client's proof.
+pub const CLIENT_LABEL: &[u8] = b"roster client v1";
+/// The label of the agent's proof.
+pub const AGENT_LABEL: &[u8] = b"roster agent v1";
+/// The largest request an agent reads (one frame).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The largest answer a client reads.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The agent's first message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerHello {
+    /// The agent's node id (16 hex digits).
+    pub node: String,
+    /// The agent's node name.
+    pub name: String,
+    /// A fresh nonce for the authentication.
+    pub nonce: [u8; NONCE_LEN],
+    /// Whether the client must prove the cluster secret.
+    pub auth_required: bool,
+}
+
+/// What a client sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// Proof of the cluster secret.
+    Auth {
+        /// The client's nonce.
+        nonce: [u8; NONCE_LEN],
+        /// `HMAC(secret, CLIENT_LABEL, server nonce, client nonce)`.
+        proof: [u8; 32],
+    },
+    /// A request.
+    Request(Request),
+}
+
+/// A request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Register (or update) an instance the agent owns and renews.
+    Register {
+        /// The service.
+        service: String,
+        /// `host:port`.
+        address: String,
+        /// Metadata pairs.
+        meta: Vec<(String, String)>,
+        /// The instance id; `None`: the agent's default for the service.
+        instance: Option<String>,
+        /// End it after this long without another `Register`; `None`: never.
+        ttl_ms: Option<u64>,
+    },
+    /// Remove an instance the agent owns.
+    Deregister {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// Services and their live instance counts.
+    Services,
+    /// The live instances of a service.
+    Instances {
+        /// The service.
+        service: String,
+    },
+    /// The live instances of a service, then changes as they happen.
+    Watch {
+        /// The service.
+        service: String,
+    },
+    /// The nodes of the cluster.
+    Members,
+    /// This agent.
+    Status,
+    /// Where a registration came from.
+    Explain {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// An anti-entropy round now (throttled).
+    Sync,
+}
+
+/// One live instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceView {
+    /// The service.
+    pub service: String,
+    /// The instance id.
+    pub instance: String,
+    /// `host:port`.
+    pub address: String,
+    /// Metadata.
+    pub meta: Vec<(String, String)>,
+    /// The node that wrote it (16 hex digits).
+    pub node: String,
+    /// When it was registered or last updated (wall ms).
+    pub registered_at_ms: u64,
+    /// When its lease ends unless renewed (wall ms).
+    pub lease_expires_at_ms: u64,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventView {
+    /// The instance is up (new, or updated).
+    Up(InstanceView),
+    /// The instance is down (deregistered, or its lease ended).
+    Down {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+}
+
+/// One node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// Its id (16 hex digits).
+    pub node: String,
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub address: String,
+    /// `alive`, `suspect` (its renewal is late) or `gone` (its lease ended).
+    pub state: String,
+    /// Milliseconds since it was last heard of.
+    pub last_heard_ms: u64,
+}
+
+/// A connected peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerView {
+    /// Its id.
+    pub node: String,
+    /// Its name, if it is a live member.
+    pub name: String,
+    /// Its URL, if known.
+    pub address: String,
+    /// `outbound` (we dialed) or `inbound`.
+    pub direction: String,
+}
+
+/// What the node has done since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersView {
+    /// Dials made.
+    pub connections_opened: u64,
+    /// Inbound connections accepted.
+    pub connections_accepted: u64,
+    /// WebSocket frames sent to peers.
+    pub frames_sent: u64,
+    /// Their bytes.
+    pub bytes_sent: u64,
+    /// WebSocket frames received from peers.
+    pub frames_received: u64,
+    /// Their bytes.
+    pub bytes_received: u64,
+    /// Deltas that taught this node something.
+    pub deltas_applied: u64,
+    /// Full states sent.
+    pub full_syncs_sent: u64,
+    /// Full states received.
+    pub full_syncs_received: u64,
+}
+
+/// This agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// Its id.
+    pub node: String,
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub address: String,
+    /// The roster version.
+    pub version: String,
+    /// Milliseconds since it started.
+    pub uptime_ms: u64,
+    /// Connected peers.
+    pub peers: Vec<PeerView>,
+    /// Launches within the crash-guard window.
+    pub launches_recent: u64,
+    /// Whether the crash-loop guard is on.
+    pub crash_guard: bool,
+    /// Its data directory, if it has one.
+    pub data_dir: Option<String>,
+    /// Live services and instances in its replica.
+    pub services: u64,
+    /// Live instances in its replica.
+    pub instances: u64,
+    /// Counters.
+    pub counters: CountersView,
+}
+
+/// One write a register holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteView {
+    /// The dot, `node:counter`.
+    pub dot: String,
+    /// The node that wrote it.
+    pub node: String,
+    /// That node's name, if it is a member.
+    pub node_name: String,
+    /// The hybrid logical time of the write: wall ms.
+    pub written_ms: u64,
+    /// And its logical counter.
+    pub written_logical: u16,
+    /// `host:port`.
+    pub address: String,
+    /// The dot of the lease it was written under.
+    pub lease_dot: String,
+}
+
+/// Where a registration came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainView {
+    /// The service.
+    pub service: String,
+    /// The instance.
+    pub instance: String,
+    /// Whether a read shows it now.
+    pub live: bool,
+    /// The winning write's dot.
+    pub winner: Option<String>,
+    /// Every write the register holds.
+    pub writes: Vec<WriteView>,
+    /// The provider's lease: its dot, when it was issued (wall ms) and when it ends.
+    pub lease: Option<(String, u64, u64)>,
+    /// Peers whose last digest holds the winning write.
+    pub acknowledged_by: Vec<String>,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// Nothing by that name.
+    NotFound,
+    /// The request broke a rule (a name, an address, a limit).
+    Invalid,
+    /// Throttled: try again later.
+    Throttled,
+    /// The agent could not do it.
+    Failed,
+    /// Authentication failed.
+    Unauthorized,
+}
+
+/// What an agent sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// The first message.
+    Hello(ServerHello),
+    /// The client's proof was right; the agent's own proof.
+    AuthOk {
+        /// `HMAC(secret, AGENT_LABEL, server nonce, client nonce)`.
+        proof: [u8; 32],
+    },
+    /// The request failed; nothing changed.
+    Error {
+        /// Why.
+        kind: ErrorKind,
+        /// One line saying what to do.
+        message: String,
+        /// For [`ErrorKind::Throttled`]: when to try again, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
+    /// Registered: the instance id.
+    Registered {
+        /// The instance id.
+        instance: String,
+    },
+    /// Deregistered.
+    Deregistered,
+    /// Services and live instance counts.
+    Services(Vec<(String, u64)>),
+    /// Live instances.
+    Instances(Vec<InstanceView>),
+    /// A watch's change.
+    Event(EventView),
+    /// Members.
+    Members(Vec<MemberView>),
+    /// Status.
+    Status(Box<StatusView>),
+    /// Provenance.
+    Explain(Box<ExplainView>),
+    /// A sync was asked of a peer (`false`: no peer was connected).
+    Synced {
+        /// Whether a peer was asked.
+        asked: bool,
+    },
+}
+
+/// Why bytes are not a message.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Empty.
+    #[error("an empty message")]
+    Empty,
+    /// Another protocol version.
+    #[error("client protocol version {0}, this roster speaks {CLIENT_PROTOCOL_VERSION}; use the same roster version on both sides")]
+    Version(u8),
+    /// Not a message.
+    #[error("a malformed message: {0}")]
+    Malformed(String),
+}
+
+/// Encodes a message: the version byte, then postcard.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut out = vec![CLIENT_PROTOCOL_VERSION];
+    // Postcard fails only for types serde cannot describe; ours are plain data.
+    if let Ok(body) = postcard::to_stdvec(msg) {
+        out.extend(body);
+    }
+    out
+}
+
+/// Decodes a message, refusing another version and trailing bytes.
+///
+/// # Errors
+/// [`WireError`].
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, WireError> {
+    let (&v, body) = bytes.split_first().ok_or(WireError::Empty)?;
+    if v != CLIENT_PROTOCOL_VERSION {
+        return Err(WireError::Version(v));
+    }
+    let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(msg)
+}

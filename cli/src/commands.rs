@@ -1,0 +1,297 @@
+//! The client commands: check the input, ask the agent, print the answer.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use roster::api::{ErrorKind, EventView, Request, ServerMessage};
+use roster::client::{Client, ClientError};
+use roster::registry::{validate_metadata, Endpoint, Metadata, ProviderId, ServiceName};
+use roster::transport::handshake::Secret;
+
+use crate::output;
+use crate::{ClientArgs, Fail};
+
+async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
+    let secret = match &c.cluster_secret_file {
+        Some(p) => Some(Secret::new(crate::agent::read_secret(p)?).map_err(|e| Fail::usage(e.to_string()))?),
+        None => None,
+    };
+    Client::connect(&c.agent, secret.as_ref()).await.map_err(from_client)
+}
+
+fn from_client(e: ClientError) -> Fail {
+    match e {
+        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } => Fail::unreachable(e.to_string()),
+        ClientError::Protocol { .. } => Fail::failed(e.to_string()),
+    }
+}
+
+/// Maps an agent's error answer to a failure; anything else is unexpected.
+fn refused(msg: ServerMessage) -> Fail {
+    match msg {
+        ServerMessage::Error { kind, message, .. } => match kind {
+            ErrorKind::Invalid => Fail::usage(message),
+            ErrorKind::Unauthorized => Fail::unreachable(message),
+            ErrorKind::NotFound | ErrorKind::Throttled | ErrorKind::Failed => Fail::failed(message),
+        },
+        other => Fail::failed(format!("the agent sent an unexpected answer: {other:?}")),
+    }
+}
+
+async fn ask(c: &ClientArgs, req: Request) -> Result<ServerMessage, Fail> {
+    let mut client = connect(c).await?;
+    client.request(req).await.map_err(from_client)
+}
+
+fn check_service(s: &str) -> Result<(), Fail> {
+    ServiceName::new(s).map(|_| ()).map_err(|e| Fail::usage(e.to_string()))
+}
+
+pub async fn register(
+    c: &ClientArgs,
+    service: String,
+    address: String,
+    meta: Vec<String>,
+    id: Option<String>,
+    ttl: Option<Duration>,
+) -> Result<(), Fail> {
+    // Checked here too, so bad input never reaches the agent.
+    check_service(&service)?;
+    Endpoint::parse(&address).map_err(|e| Fail::usage(e.to_string()))?;
+    let mut pairs = Vec::new();
+    for m in &meta {
+        let Some((k, v)) = m.split_once('=') else {
+            return Err(Fail::usage(format!("--meta {m:?} is not KEY=VALUE")));
+        };
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    let md: Metadata = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    validate_metadata(&md).map_err(|e| Fail::usage(e.to_string()))?;
+    if let Some(i) = &id {
+        ProviderId::new(i).map_err(|e| Fail::usage(e.to_string()))?;
+    }
+    let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    let answer = ask(
+        c,
+        Request::Register {
+            service: service.clone(),
+            address,
+            meta: pairs,
+            instance: id,
+            ttl_ms,
+        },
+    )
+    .await?;
+    match answer {
+        ServerMessage::Registered { instance } => {
+            if c.json {
+                output::json(&serde_json::json!({ "service": service, "instance": instance }));
+            } else {
+                println!("{instance}");
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    match ask(
+        c,
+        Request::Deregister {
+            service: service.clone(),
+            instance: instance.clone(),
+        },
+    )
+    .await?
+    {
+        ServerMessage::Deregistered => {
+            if c.json {
+                output::json(&serde_json::json!({ "service": service, "instance": instance, "deregistered": true }));
+            } else {
+                println!("deregistered {instance} of {service}");
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn ls(c: &ClientArgs) -> Result<(), Fail> {
+    match ask(c, Request::Services).await? {
+        ServerMessage::Services(list) => {
+            if c.json {
+                let v: Vec<_> = list
+                    .iter()
+                    .map(|(s, n)| serde_json::json!({ "service": s, "instances": n }))
+                    .collect();
+                output::json(&v);
+            } else {
+                let rows = list.iter().map(|(s, n)| vec![s.clone(), n.to_string()]).collect();
+                output::table(&["SERVICE", "INSTANCES"], rows);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn get(c: &ClientArgs, service: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    match ask(c, Request::Instances { service: service.clone() }).await? {
+        ServerMessage::Instances(list) => {
+            if list.is_empty() {
+                return Err(Fail::failed(format!(
+                    "no live instances of {service}; `roster ls` lists the services that have some"
+                )));
+            }
+            if c.json {
+                output::json(&list.iter().map(output::instance_json).collect::<Vec<_>>());
+            } else {
+                let rows = list
+                    .iter()
+                    .map(|i| {
+                        vec![
+                            i.instance.clone(),
+                            i.address.clone(),
+                            i.node.clone(),
+                            output::rfc3339(i.registered_at_ms),
+                            output::meta_line(&i.meta),
+                        ]
+                    })
+                    .collect();
+                output::table(&["INSTANCE", "ADDRESS", "NODE", "REGISTERED", "META"], rows);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    let mut client = connect(c).await?;
+    client
+        .start(Request::Watch { service: service.clone() })
+        .await
+        .map_err(from_client)?;
+    // Addresses of the instances seen up, so a down line can name them too.
+    let mut seen: BTreeMap<String, (String, Vec<(String, String)>)> = BTreeMap::new();
+    loop {
+        let msg = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            m = client.recv() => m.map_err(from_client)?,
+        };
+        match msg {
+            ServerMessage::Event(EventView::Up(i)) => {
+                seen.insert(i.instance.clone(), (i.address.clone(), i.meta.clone()));
+                if c.json {
+                    output::json_line(&serde_json::json!({
+                        "event": "up",
+                        "service": i.service,
+                        "instance": i.instance,
+                        "address": i.address,
+                        "meta": output::meta_json(&i.meta),
+                    }));
+                } else {
+                    output::line(&format!(
+                        "up    {}  {}  {}  {}",
+                        i.service,
+                        i.instance,
+                        i.address,
+                        output::meta_line(&i.meta)
+                    ));
+                }
+            }
+            ServerMessage::Event(EventView::Down { service, instance }) => {
+                let (address, meta) = seen.remove(&instance).unwrap_or_default();
+                if c.json {
+                    output::json_line(&serde_json::json!({
+                        "event": "down",
+                        "service": service,
+                        "instance": instance,
+                        "address": address,
+                        "meta": output::meta_json(&meta),
+                    }));
+                } else {
+                    output::line(&format!("down  {service}  {instance}  {address}"));
+                }
+            }
+            other => return Err(refused(other)),
+        }
+    }
+}
+
+pub async fn members(c: &ClientArgs) -> Result<(), Fail> {
+    match ask(c, Request::Members).await? {
+        ServerMessage::Members(list) => {
+            if c.json {
+                output::json(&list);
+            } else {
+                let rows = list
+                    .iter()
+                    .map(|m| {
+                        vec![
+                            m.name.clone(),
+                            m.node.clone(),
+                            m.address.clone(),
+                            m.state.clone(),
+                            output::ago(m.last_heard_ms),
+                        ]
+                    })
+                    .collect();
+                output::table(&["NAME", "NODE", "ADDRESS", "STATE", "LAST HEARD"], rows);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn status(c: &ClientArgs) -> Result<(), Fail> {
+    match ask(c, Request::Status).await? {
+        ServerMessage::Status(s) => {
+            if c.json {
+                output::json(&s);
+            } else {
+                output::status(&s);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    match ask(c, Request::Explain { service, instance }).await? {
+        ServerMessage::Explain(x) => {
+            if c.json {
+                output::json(&x);
+            } else {
+                output::explain(&x);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+pub async fn sync(c: &ClientArgs) -> Result<(), Fail> {
+    match ask(c, Request::Sync).await? {
+        ServerMessage::Synced { asked } => {
+            if c.json {
+                output::json(&serde_json::json!({ "asked": asked }));
+            } else if asked {
+                println!("asked a peer for an anti-entropy round");
+            } else {
+                println!("no peer is connected: nothing to sync with");
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}

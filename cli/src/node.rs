@@ -1,0 +1,1154 @@
+//! The embedded node: [`Node::builder`] starts one, [`Node::register`] keeps an instance
+//! registered, [`Node::lookup`] and [`Node::watch`] read the local replica.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::Stream;
+use roster_registry::{Change, ProviderId, Replica, ReplicaId, ServiceName};
+use roster_transport::driver::{self, DriverConfig, DriverError, Handle, StartError};
+use roster_transport::handshake::Secret;
+use roster_transport::proto::{self, OwnedRegistration, Resume, MEMBERS_SERVICE};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::api::{
+    CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView,
+};
+use crate::store::{OwnedRecord, Store, StoreError};
+
+/// The default listen address of an agent.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+/// The default agent URL of client commands.
+pub const DEFAULT_AGENT_URL: &str = "ws://127.0.0.1:7420";
+/// The default lease of a node's registrations and of its membership.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// The default least time between two manual syncs.
+pub const DEFAULT_SYNC_MIN_INTERVAL: Duration = Duration::from_secs(30);
+/// The window launches are counted in for `launches_recent` (and the crash-loop guard).
+pub const LAUNCH_WINDOW: Duration = Duration::from_secs(300);
+/// The default cluster name.
+pub const DEFAULT_CLUSTER: &str = "roster";
+/// The least time between two saves of the replica (group commit).
+const SAVE_INTERVAL: Duration = Duration::from_millis(100);
+/// Saves of a large replica are spaced further: writing may take at most a tenth of the time.
+const SAVE_COST_FACTOR: u32 = 10;
+/// How often own registrations with a `ttl` are checked for their end.
+const TTL_CHECK: Duration = Duration::from_millis(250);
+/// Client connections waiting to be served.
+const CLIENT_QUEUE: usize = 64;
+
+/// Why a node could not start or do what it was asked. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input: a name, an address, metadata, a TTL.
+    #[error("{0}")]
+    Invalid(String),
+    /// The data directory.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}; pick another --listen address or stop what uses it")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The transport refused the configuration.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The node has stopped.
+    #[error("the node has stopped")]
+    Stopped,
+    /// Nothing by that name.
+    #[error("{0}")]
+    NotFound(String),
+    /// A throttled action ran too recently.
+    #[error("{message}")]
+    Throttled {
+        /// What to do.
+        message: String,
+        /// When it may run again.
+        retry_after: Duration,
+    },
+}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        match e {
+            DriverError::Stopped => Error::Stopped,
+            DriverError::Invalid(e) => Error::Invalid(e.to_string()),
+        }
+    }
+}
+
+/// A service instance to register: a name, an address, metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    name: String,
+    address: String,
+    meta: Vec<(String, String)>,
+    id: Option<String>,
+    ttl: Option<Duration>,
+}
+
+impl Service {
+    /// An instance of service `name` listening at `address` (`host:port`).
+    pub fn new(name: impl Into<String>, address: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            address: address.into(),
+            meta: Vec::new(),
+            id: None,
+            ttl: None,
+        }
+    }
+
+    /// Adds a metadata pair.
+    #[must_use]
+    pub fn meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.meta.push((key.into(), value.into()));
+        self
+    }
+
+    /// The instance id (default: `<service>-<node name>`): stable across restarts, so a
+    /// restart is an update, not a removal and an addition.
+    #[must_use]
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Ends the registration after `ttl` unless it is registered again (default: never).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// A live instance, as a read returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// The service.
+    pub service: String,
+    /// The instance id.
+    pub id: String,
+    /// `host:port`.
+    pub address: String,
+    /// Its metadata.
+    pub meta: BTreeMap<String, String>,
+    /// The node that registered it (16 hex digits).
+    pub node: String,
+    /// When it was registered or last updated.
+    pub registered_at: SystemTime,
+    /// When its lease ends unless renewed.
+    pub lease_expires_at: SystemTime,
+}
+
+impl Instance {
+    fn from_registry(i: &roster_registry::Instance) -> Self {
+        Self {
+            service: i.service.as_str().to_string(),
+            id: i.provider.as_str().to_string(),
+            address: i.endpoint.to_string(),
+            meta: i.meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            node: i.node.to_string(),
+            registered_at: at(i.written.millis()),
+            lease_expires_at: at(i.lease_deadline_ms),
+        }
+    }
+
+    pub(crate) fn view(&self) -> InstanceView {
+        InstanceView {
+            service: self.service.clone(),
+            instance: self.id.clone(),
+            address: self.address.clone(),
+            meta: self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            node: self.node.clone(),
+            registered_at_ms: ms(self.registered_at),
+            lease_expires_at_ms: ms(self.lease_expires_at),
+        }
+    }
+}
+
+/// A change a watch sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The instance is up: new, or updated.
+    Up(Instance),
+    /// The instance is down: deregistered, or its lease ended.
+    Down {
+        /// The service.
+        service: String,
+        /// The instance id.
+        id: String,
+    },
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The wall clock, in milliseconds since the epoch.
+pub(crate) fn now_ms() -> u64 {
+    ms(SystemTime::now())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How to start a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeBuilder {
+    listen: String,
+    advertise: Option<String>,
+    join: Vec<String>,
+    data_dir: Option<PathBuf>,
+    secret: Option<Vec<u8>>,
+    name: Option<String>,
+    cluster: String,
+    fanout: usize,
+    gossip_interval: Duration,
+    lease_ttl: Duration,
+    sync_min_interval: Duration,
+    serve_clients: bool,
+}
+
+impl Default for NodeBuilder {
+    fn default() -> Self {
+        let protocol = proto::Config::default();
+        Self {
+            listen: DEFAULT_LISTEN.to_string(),
+            advertise: None,
+            join: Vec::new(),
+            data_dir: None,
+            secret: None,
+            name: None,
+            cluster: DEFAULT_CLUSTER.to_string(),
+            fanout: protocol.fanout,
+            gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
+            serve_clients: false,
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// The address to listen on for peers (and clients); `127.0.0.1:0` picks a free port.
+    #[must_use]
+    pub fn listen(mut self, addr: impl Into<String>) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    /// The URL peers dial (default: `ws://` and the bound address).
+    #[must_use]
+    pub fn advertise(mut self, url: impl Into<String>) -> Self {
+        self.advertise = Some(url.into());
+        self
+    }
+
+    /// Seed URLs to join through (`ws://host:port`).
+    #[must_use]
+    pub fn join<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.join.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Where the replica, the node's identity and its registrations live. Without one the
+    /// node is ephemeral: a new identity each start, nothing resumed.
+    #[must_use]
+    pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.data_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// The cluster secret (at least 16 bytes). Without one the node listens on loopback only.
+    #[must_use]
+    pub fn cluster_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The node's name, for people (default: `node-<id>`).
+    #[must_use]
+    pub fn node_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The cluster's name: nodes of another cluster are refused (default `roster`).
+    #[must_use]
+    pub fn cluster(mut self, name: impl Into<String>) -> Self {
+        self.cluster = name.into();
+        self
+    }
+
+    /// Peers each push and gossip round goes to (default 3).
+    #[must_use]
+    pub fn fanout(mut self, n: usize) -> Self {
+        self.fanout = n;
+        self
+    }
+
+    /// The gossip round (default 1 s).
+    #[must_use]
+    pub fn gossip_interval(mut self, d: Duration) -> Self {
+        self.gossip_interval = d;
+        self
+    }
+
+    /// The lease of this node's registrations and membership (default 30 s): when the node
+    /// dies, its registrations disappear this long after its last renewal.
+    #[must_use]
+    pub fn lease_ttl(mut self, d: Duration) -> Self {
+        self.lease_ttl = d;
+        self
+    }
+
+    /// The least time between two manual syncs (default 30 s).
+    #[must_use]
+    pub fn sync_min_interval(mut self, d: Duration) -> Self {
+        self.sync_min_interval = d;
+        self
+    }
+
+    /// Whether to serve `roster` clients on the listener (what `roster agent` does).
+    #[must_use]
+    pub fn serve_clients(mut self, yes: bool) -> Self {
+        self.serve_clients = yes;
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.fanout == 0 || self.fanout > 64 {
+            return Err(Error::Invalid(format!(
+                "fanout {} is out of range; use 1 to 64",
+                self.fanout
+            )));
+        }
+        let gossip = millis(self.gossip_interval);
+        if !(10..=60_000).contains(&gossip) {
+            return Err(Error::Invalid(format!(
+                "gossip interval {:?} is out of range; use 10ms to 60s",
+                self.gossip_interval
+            )));
+        }
+        let lease = millis(self.lease_ttl);
+        if !(roster_registry::MIN_LEASE_TTL_MS..=roster_registry::MAX_LEASE_TTL_MS).contains(&lease) || lease < 3 * gossip {
+            return Err(Error::Invalid(format!(
+                "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
+                self.lease_ttl
+            )));
+        }
+        if self.join.len() > proto::MAX_SEEDS {
+            return Err(Error::Invalid(format!(
+                "{} join URLs; give at most {}",
+                self.join.len(),
+                proto::MAX_SEEDS
+            )));
+        }
+        for url in &self.join {
+            if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
+                return Err(Error::Invalid(format!(
+                    "join URL {url:?} is not ws://host:port or wss://host:port"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the node: opens the data directory, resumes the replica and the node's own
+    /// registrations from it, binds the listener and joins the cluster.
+    ///
+    /// # Errors
+    /// [`Error`]; nothing is left running.
+    pub async fn start(self) -> Result<Node, Error> {
+        self.check()?;
+        let secret = self
+            .secret
+            .clone()
+            .map(Secret::new)
+            .transpose()
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let listener = TcpListener::bind(&self.listen).await.map_err(|source| Error::Listen {
+            addr: self.listen.clone(),
+            source,
+        })?;
+        let new_id = ReplicaId(getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?);
+        let now = now_ms();
+        let (store, replica, owned, removed, launches) = match &self.data_dir {
+            Some(dir) => {
+                let dir = dir.clone();
+                let (store, loaded) = tokio::task::spawn_blocking(move || Store::open(&dir, new_id, now))
+                    .await
+                    .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                let owned: Vec<OwnedRecord> = loaded
+                    .owned
+                    .into_iter()
+                    .filter(|r| r.expires_at_ms.is_none_or(|t| t > now))
+                    .collect();
+                (Some(Arc::new(store)), loaded.replica, owned, loaded.removed, loaded.launches)
+            }
+            None => (None, Replica::new(new_id), Vec::new(), Vec::new(), vec![now]),
+        };
+        let id = replica.id();
+        let name = self.name.clone().unwrap_or_else(|| format!("node-{id}"));
+        let mut resume = Resume {
+            owned: Vec::new(),
+            removed,
+            drop_unowned: store.is_some(),
+        };
+        let mut owned_map = BTreeMap::new();
+        for rec in owned {
+            match rec.parts() {
+                Ok((service, provider, endpoint, meta)) => {
+                    resume.owned.push(OwnedRegistration {
+                        service,
+                        provider,
+                        endpoint,
+                        meta,
+                        ttl_ms: rec.lease_ttl_ms,
+                    });
+                    owned_map.insert(rec.key(), rec);
+                }
+                Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
+            }
+        }
+        let protocol = proto::Config {
+            fanout: self.fanout,
+            max_outbound: self.fanout,
+            gossip_interval_ms: millis(self.gossip_interval),
+            member_lease_ttl_ms: millis(self.lease_ttl),
+            ..proto::Config::default()
+        };
+        let (clients_tx, clients_rx) = mpsc::channel(CLIENT_QUEUE);
+        let mut config = DriverConfig::new(self.cluster.clone(), name.clone());
+        config.advertise_url = self.advertise.clone();
+        config.secret = secret.clone();
+        config.protocol = protocol;
+        config.resume = resume;
+        config.clients = self.serve_clients.then_some(clients_tx);
+        let cancel = CancellationToken::new();
+        let handle = driver::start(listener, config, replica, self.join.clone(), cancel.clone())?;
+        let window = now.saturating_sub(millis(LAUNCH_WINDOW));
+        let inner = Arc::new(Inner {
+            handle,
+            store,
+            data_dir: self.data_dir.clone(),
+            cancel,
+            tasks: TaskTracker::new(),
+            lease_ttl_ms: millis(self.lease_ttl),
+            sync_min_interval: self.sync_min_interval,
+            started: Instant::now(),
+            launches_recent: launches.iter().filter(|t| **t >= window).count() as u64,
+            owned: Mutex::new(owned_map),
+            secret,
+        });
+        let node = Node { inner };
+        if let Some(store) = &node.inner.store {
+            node.inner
+                .tasks
+                .spawn(saver(node.inner.handle.clone(), Arc::clone(store), node.inner.cancel.clone()));
+        }
+        node.inner.tasks.spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
+        if self.serve_clients {
+            node.inner
+                .tasks
+                .spawn(crate::server::accept(Arc::downgrade(&node.inner), clients_rx, node.inner.cancel.clone()));
+        }
+        Ok(node)
+    }
+}
+
+/// A running roster node, embedded in a service (or run by `roster agent`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) handle: Handle,
+    store: Option<Arc<Store>>,
+    data_dir: Option<PathBuf>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    lease_ttl_ms: u64,
+    sync_min_interval: Duration,
+    started: Instant,
+    launches_recent: u64,
+    /// Own registrations by store key; the lock orders writes (disk, then the node).
+    owned: Mutex<BTreeMap<String, OwnedRecord>>,
+    pub(crate) secret: Option<Secret>,
+}
+
+/// Saves the replica after changes, in batches (group commit).
+async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
+    let mut rx = handle.watch_replica();
+    let mut interval = SAVE_INTERVAL;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            r = rx.changed() => if r.is_err() { return },
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let replica = Arc::clone(&rx.borrow_and_update());
+        let store = Arc::clone(&store);
+        let started = Instant::now();
+        match tokio::task::spawn_blocking(move || store.save_replica(&replica, false)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!("could not save the replica: {e}"),
+            Err(e) => warn!("the save task failed: {e}"),
+        }
+        interval = (started.elapsed() * SAVE_COST_FACTOR).max(SAVE_INTERVAL);
+    }
+}
+
+/// Ends own registrations whose `ttl` passed without a new `register`.
+async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(TTL_CHECK) => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let node = Node { inner };
+        let now = now_ms();
+        let due: Vec<(String, String)> = node
+            .inner
+            .owned
+            .lock()
+            .await
+            .values()
+            .filter(|r| r.expires_at_ms.is_some_and(|t| t <= now))
+            .map(|r| (r.service.clone(), r.instance.clone()))
+            .collect();
+        for (service, instance) in due {
+            info!(service, instance, "registration TTL passed without a new register: deregistering");
+            if let Err(e) = node.deregister(&service, &instance).await {
+                warn!(service, instance, "could not deregister: {e}");
+            }
+        }
+    }
+}
+
+impl Node {
+    /// How to start a node.
+    pub fn builder() -> NodeBuilder {
+        NodeBuilder::default()
+    }
+
+    /// This node's id (16 hex digits).
+    pub fn id(&self) -> String {
+        self.inner.handle.info().id.to_string()
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.inner.handle.info().name
+    }
+
+    /// The URL peers (and clients) reach this node at.
+    pub fn url(&self) -> &str {
+        &self.inner.handle.info().url
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.inner.handle.local_addr()
+    }
+
+    /// The data directory, if any.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.inner.data_dir.as_deref()
+    }
+
+    /// The transport's handle (counters, the raw replica).
+    pub fn transport(&self) -> &Handle {
+        &self.inner.handle
+    }
+
+    fn default_instance(&self, service: &str) -> String {
+        let raw = format!("{service}-{}", self.name());
+        let mut id: String = raw
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '@') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        id.truncate(roster_registry::MAX_PROVIDER_ID_LEN);
+        id
+    }
+
+    fn record(&self, s: &Service) -> Result<OwnedRecord, Error> {
+        let instance = s.id.clone().unwrap_or_else(|| self.default_instance(&s.name));
+        let ttl = s.ttl.map(millis);
+        if ttl.is_some_and(|t| t < 1_000) {
+            return Err(Error::Invalid(format!(
+                "ttl {:?} is too short; use at least 1s",
+                s.ttl.unwrap_or_default()
+            )));
+        }
+        let now = now_ms();
+        let rec = OwnedRecord {
+            service: s.name.clone(),
+            instance,
+            address: s.address.clone(),
+            meta: s.meta.clone(),
+            lease_ttl_ms: self.inner.lease_ttl_ms,
+            registered_at_ms: now,
+            expires_at_ms: ttl.map(|t| now.saturating_add(t)),
+        };
+        if rec.service == MEMBERS_SERVICE {
+            return Err(Error::Invalid(format!(
+                "the service name {MEMBERS_SERVICE:?} is reserved for roster's members; pick another"
+            )));
+        }
+        rec.parts().map_err(Error::Invalid)?;
+        Ok(rec)
+    }
+
+    /// Registers an instance this node owns and keeps alive until it is deregistered (or
+    /// its `ttl` passes). The registration is on disk when this returns, and peers hear of
+    /// it within milliseconds. Dropping the returned handle deregisters it; call
+    /// [`Registration::keep`] to keep it registered past the handle.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name, address or metadata; [`Error::Store`];
+    /// [`Error::Stopped`]. Nothing changed.
+    pub async fn register(&self, service: Service) -> Result<Registration, Error> {
+        let rec = self.record(&service)?;
+        let (service, instance) = (rec.service.clone(), rec.instance.clone());
+        self.put(rec).await?;
+        Ok(Registration {
+            node: self.clone(),
+            service,
+            instance,
+            armed: true,
+        })
+    }
+
+    /// Registers as [`Node::register`] without a handle: it stays until
+    /// [`Node::deregister`]. Returns the instance id.
+    ///
+    /// # Errors
+    /// As [`Node::register`].
+    pub async fn register_owned(&self, service: Service) -> Result<String, Error> {
+        let rec = self.record(&service)?;
+        let instance = rec.instance.clone();
+        self.put(rec).await?;
+        Ok(instance)
+    }
+
+    async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
+        let (service, provider, endpoint, meta) = rec.parts().map_err(Error::Invalid)?;
+        let mut owned = self.inner.owned.lock().await;
+        if let Some(store) = &self.inner.store {
+            let store = Arc::clone(store);
+            let counter = self.inner.handle.replica().counter();
+            let r = rec.clone();
+            tokio::task::spawn_blocking(move || store.put_owned(&r, counter))
+                .await
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+        }
+        let ttl = Duration::from_millis(rec.lease_ttl_ms);
+        if let Err(e) = self.inner.handle.register(service, provider, endpoint, meta, ttl).await {
+            if let Some(store) = &self.inner.store {
+                let _ = store.remove_owned(&rec.service, &rec.instance, now_ms());
+            }
+            return Err(e.into());
+        }
+        owned.insert(rec.key(), rec);
+        Ok(())
+    }
+
+    /// Removes an instance this node owns (from disk first, then from the cluster).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when this node owns no such instance; [`Error::Store`];
+    /// [`Error::Stopped`].
+    pub async fn deregister(&self, service: &str, instance: &str) -> Result<(), Error> {
+        let mut owned = self.inner.owned.lock().await;
+        let key = format!("{service}/{instance}");
+        if !owned.contains_key(&key) {
+            return Err(Error::NotFound(format!(
+                "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
+            )));
+        }
+        if let Some(store) = &self.inner.store {
+            let store = Arc::clone(store);
+            let (s, i) = (service.to_string(), instance.to_string());
+            tokio::task::spawn_blocking(move || store.remove_owned(&s, &i, now_ms()))
+                .await
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+        }
+        owned.remove(&key);
+        let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
+            return Ok(());
+        };
+        self.inner.handle.deregister(s, p).await?;
+        Ok(())
+    }
+
+    /// The live instances of `service`, from the local replica (no network), sorted by id.
+    pub fn lookup(&self, service: &str) -> Vec<Instance> {
+        let Ok(name) = ServiceName::new(service) else {
+            return Vec::new();
+        };
+        let replica = self.inner.handle.replica();
+        replica
+            .instances(&name, now_ms())
+            .map(|i| Instance::from_registry(&i.to_owned()))
+            .collect()
+    }
+
+    /// Services with live instances, and how many, from the local replica.
+    pub fn services(&self) -> Vec<(String, usize)> {
+        self.inner
+            .handle
+            .replica()
+            .services(now_ms())
+            .into_iter()
+            .filter(|(s, _)| s.as_str() != MEMBERS_SERVICE)
+            .map(|(s, n)| (s.as_str().to_string(), n))
+            .collect()
+    }
+
+    /// The instances of `service` now (as `Up` events), then every change as it arrives:
+    /// pushed by peers, no polling. A watch that falls behind re-reads the replica and
+    /// reports the difference, so it never misses a final state.
+    pub fn watch(&self, service: &str) -> Watch {
+        let rx = self.inner.handle.subscribe();
+        let name = ServiceName::new(service).ok();
+        let mut known = BTreeMap::new();
+        let mut pending = VecDeque::new();
+        if let Some(name) = &name {
+            let replica = self.inner.handle.replica();
+            for i in replica.instances(name, now_ms()) {
+                let i = Instance::from_registry(&i.to_owned());
+                known.insert(i.id.clone(), i.clone());
+                pending.push_back(Event::Up(i));
+            }
+        }
+        let state = WatchState {
+            node: self.clone(),
+            rx,
+            name,
+            known,
+            pending,
+        };
+        Watch {
+            inner: Box::pin(futures_util::stream::unfold(state, |mut st| async move {
+                let e = st.next().await?;
+                Some((e, st))
+            })),
+        }
+    }
+
+    /// The nodes of the cluster: live members (alive, or suspect when their renewal is
+    /// late) and nodes lost lately (gone).
+    ///
+    /// # Errors
+    /// [`Error::Stopped`].
+    pub async fn members(&self) -> Result<Vec<MemberView>, Error> {
+        let me = self.inner.handle.info().clone();
+        let known = self.inner.handle.inspect(|n, _| n.known_peers()).await?;
+        let replica = self.inner.handle.replica();
+        let now = now_ms();
+        let mut out = Vec::new();
+        let mut live = std::collections::BTreeSet::new();
+        let Ok(members) = ServiceName::new(MEMBERS_SERVICE) else {
+            return Ok(out);
+        };
+        for i in replica.instances(&members, now) {
+            let Some(id) = i.provider.as_str().strip_prefix("node-") else {
+                continue;
+            };
+            live.insert(id.to_string());
+            let heard = now.saturating_sub(i.lease.issued.millis());
+            let is_me = id == me.id.to_string();
+            let late = heard > i.lease.ttl_ms * 2 / 3;
+            out.push(MemberView {
+                node: id.to_string(),
+                name: i.registration.meta.get("name").unwrap_or_default().to_string(),
+                address: i.registration.meta.get("url").unwrap_or_default().to_string(),
+                state: if late && !is_me { "suspect" } else { "alive" }.to_string(),
+                last_heard_ms: if is_me { 0 } else { heard },
+            });
+        }
+        for p in known {
+            let id = p.id.to_string();
+            if live.contains(&id) {
+                continue;
+            }
+            out.push(MemberView {
+                node: id,
+                name: String::new(),
+                address: p.url.unwrap_or_default(),
+                state: "gone".to_string(),
+                last_heard_ms: now.saturating_sub(p.last_seen_ms),
+            });
+        }
+        out.sort_by(|a, b| (a.name.as_str(), a.node.as_str()).cmp(&(b.name.as_str(), b.node.as_str())));
+        Ok(out)
+    }
+
+    /// This node: identity, uptime, peers, launches and counters.
+    ///
+    /// # Errors
+    /// [`Error::Stopped`].
+    pub async fn status(&self) -> Result<StatusView, Error> {
+        let info = self.inner.handle.info().clone();
+        let names: BTreeMap<String, (String, String)> = self
+            .members()
+            .await?
+            .into_iter()
+            .map(|m| (m.node, (m.name, m.address)))
+            .collect();
+        let mut peers: Vec<PeerView> = self
+            .inner
+            .handle
+            .connected()
+            .into_iter()
+            .map(|(id, outbound)| {
+                let id = id.to_string();
+                let (name, address) = names.get(&id).cloned().unwrap_or_default();
+                PeerView {
+                    node: id,
+                    name,
+                    address,
+                    direction: if outbound { "outbound" } else { "inbound" }.to_string(),
+                }
+            })
+            .collect();
+        peers.sort_by(|a, b| a.node.cmp(&b.node));
+        let services = self.services();
+        let c = self.inner.handle.counters();
+        Ok(StatusView {
+            node: info.id.to_string(),
+            name: info.name.clone(),
+            address: info.url.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_ms: millis(self.inner.started.elapsed()),
+            peers,
+            launches_recent: self.inner.launches_recent,
+            crash_guard: false,
+            data_dir: self.inner.data_dir.as_ref().map(|d| d.display().to_string()),
+            services: services.len() as u64,
+            instances: services.iter().map(|(_, n)| *n as u64).sum(),
+            counters: CountersView {
+                connections_opened: c.protocol.dials,
+                connections_accepted: c.driver.inbound_accepted,
+                frames_sent: c.driver.frames_sent,
+                bytes_sent: c.driver.bytes_sent,
+                frames_received: c.driver.frames_received,
+                bytes_received: c.driver.bytes_received,
+                deltas_applied: c.protocol.deltas_applied,
+                full_syncs_sent: c.protocol.full_syncs_sent,
+                full_syncs_received: c.protocol.full_syncs_received,
+            },
+        })
+    }
+
+    /// Where a registration came from: its writes (dot, node, time), its lease, and which
+    /// peers have acknowledged the winning write.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the replica holds nothing under that name;
+    /// [`Error::Stopped`].
+    pub async fn explain(&self, service: &str, instance: &str) -> Result<ExplainView, Error> {
+        let not_found = || {
+            Error::NotFound(format!(
+                "no registration {instance:?} of {service:?} here; `roster get {service}` lists the live ones"
+            ))
+        };
+        let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
+            return Err(not_found());
+        };
+        let replica = self.inner.handle.replica();
+        let now = now_ms();
+        let prov = replica.explain(&s, &p, now).ok_or_else(not_found)?;
+        let names: BTreeMap<String, String> = self
+            .members()
+            .await?
+            .into_iter()
+            .map(|m| (m.node, m.name))
+            .collect();
+        let winner = prov.winner.clone();
+        let acked = match winner.clone() {
+            Some(d) => self.inner.handle.inspect(move |n, _| n.acknowledged(&d)).await?,
+            None => Vec::new(),
+        };
+        let dot = |d: &roster_registry::Dot| format!("{}:{}", d.actor, d.counter);
+        Ok(ExplainView {
+            service: service.to_string(),
+            instance: instance.to_string(),
+            live: prov.live,
+            winner: winner.as_ref().map(dot),
+            writes: prov
+                .writes
+                .iter()
+                .map(|(d, r)| WriteView {
+                    dot: dot(d),
+                    node: d.actor.to_string(),
+                    node_name: names.get(&d.actor.to_string()).cloned().unwrap_or_default(),
+                    written_ms: r.written.millis(),
+                    written_logical: r.written.logical(),
+                    address: r.endpoint.to_string(),
+                    lease_dot: dot(&r.lease_dot),
+                })
+                .collect(),
+            lease: prov
+                .leases
+                .iter()
+                .max_by_key(|(_, l)| l.issued)
+                .map(|(d, l)| (dot(d), l.issued.millis(), l.deadline_ms())),
+            acknowledged_by: acked
+                .into_iter()
+                .map(|id| {
+                    let id = id.to_string();
+                    match names.get(&id) {
+                        Some(n) if !n.is_empty() => format!("{n} ({id})"),
+                        _ => id,
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// Asks a peer for an anti-entropy round now, at most once per `sync_min_interval`
+    /// (the last run is saved on disk, so a restart does not reset the throttle).
+    /// Returns whether a peer was connected to ask.
+    ///
+    /// # Errors
+    /// [`Error::Throttled`] with when it may run next; [`Error::Stopped`].
+    pub async fn sync(&self) -> Result<bool, Error> {
+        let now = now_ms();
+        let last = match &self.inner.store {
+            Some(store) => store.last_run("sync")?,
+            None => None,
+        };
+        let min = millis(self.inner.sync_min_interval);
+        if let Some(last) = last {
+            let next = last.saturating_add(min);
+            if next > now {
+                let wait = Duration::from_millis(next - now);
+                return Err(Error::Throttled {
+                    message: format!(
+                        "a sync ran {} ago; the next may run in {} (--sync-min-interval {})",
+                        humantime::format_duration(Duration::from_millis((now - last) / 1000 * 1000)),
+                        humantime::format_duration(Duration::from_millis(wait.as_millis().div_ceil(1000) as u64 * 1000)),
+                        humantime::format_duration(self.inner.sync_min_interval),
+                    ),
+                    retry_after: wait,
+                });
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            store.set_last_run("sync", now)?;
+        }
+        Ok(self.inner.handle.sync_now().await?)
+    }
+
+    /// Leaves the cluster gracefully: deregisters what this node owns (peers drop it at
+    /// once), says goodbye, flushes, and saves the replica. Registrations made with
+    /// [`Node::register_owned`] or kept stay on disk and are registered again at the next
+    /// start.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the last save failed.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.inner.handle.shutdown().await;
+        self.inner.cancel.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        if let Some(store) = &self.inner.store {
+            let replica = self.inner.handle.replica();
+            let store = Arc::clone(store);
+            tokio::task::spawn_blocking(move || store.save_replica(&replica, true))
+                .await
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+        }
+        Ok(())
+    }
+
+    /// Whether the node has stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.handle.is_stopped()
+    }
+}
+
+/// An instance this node keeps registered. Dropping it deregisters the instance (in the
+/// background); [`Registration::deregister`] does it and waits; [`Registration::keep`]
+/// leaves it registered.
+#[derive(Debug)]
+pub struct Registration {
+    node: Node,
+    service: String,
+    instance: String,
+    armed: bool,
+}
+
+impl Registration {
+    /// The instance id.
+    pub fn id(&self) -> &str {
+        &self.instance
+    }
+
+    /// The service.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// Deregisters the instance and waits until it is off disk and pushed to peers.
+    ///
+    /// # Errors
+    /// As [`Node::deregister`].
+    pub async fn deregister(mut self) -> Result<(), Error> {
+        self.armed = false;
+        self.node.deregister(&self.service, &self.instance).await
+    }
+
+    /// Keeps the instance registered after this handle is dropped (until
+    /// [`Node::deregister`]); it is registered again at every start.
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.armed || self.node.is_stopped() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let node = self.node.clone();
+            let (s, i) = (std::mem::take(&mut self.service), std::mem::take(&mut self.instance));
+            rt.spawn(async move {
+                if let Err(e) = node.deregister(&s, &i).await {
+                    warn!(service = s, instance = i, "dropped registration not deregistered: {e}");
+                }
+            });
+        }
+    }
+}
+
+struct WatchState {
+    node: Node,
+    rx: broadcast::Receiver<Change>,
+    name: Option<ServiceName>,
+    known: BTreeMap<String, Instance>,
+    pending: VecDeque<Event>,
+}
+
+impl WatchState {
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            let name = self.name.clone()?;
+            match self.rx.recv().await {
+                Ok(Change::Up(i)) if i.service == name => {
+                    let i = Instance::from_registry(&i);
+                    if self.known.get(&i.id) != Some(&i) {
+                        self.known.insert(i.id.clone(), i.clone());
+                        return Some(Event::Up(i));
+                    }
+                }
+                Ok(Change::Down { service, provider }) if service == name => {
+                    if self.known.remove(provider.as_str()).is_some() {
+                        return Some(Event::Down {
+                            service: service.as_str().to_string(),
+                            id: provider.as_str().to_string(),
+                        });
+                    }
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => self.resync(&name),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    /// After falling behind: report the difference between what this watch showed and the
+    /// replica now.
+    fn resync(&mut self, name: &ServiceName) {
+        let replica = self.node.inner.handle.replica();
+        let now: BTreeMap<String, Instance> = replica
+            .instances(name, now_ms())
+            .map(|i| {
+                let i = Instance::from_registry(&i.to_owned());
+                (i.id.clone(), i)
+            })
+            .collect();
+        for id in self.known.keys() {
+            if !now.contains_key(id) {
+                self.pending.push_back(Event::Down {
+                    service: name.as_str().to_string(),
+                    id: id.clone(),
+                });
+            }
+        }
+        for (id, i) in &now {
+            if self.known.get(id) != Some(i) {
+                self.pending.push_back(Event::Up(i.clone()));
+            }
+        }
+        self.known = now;
+    }
+}
+
+/// The changes of one service: a [`Stream`] of [`Event`]s. See [`Node::watch`].
+pub struct Watch {
+    inner: Pin<Box<dyn Stream<Item = Event> + Send>>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watch")
+    }
+}
+
+impl Watch {
+    /// The next change; `None` when the node stopped.
+    pub async fn recv(&mut self) -> Option<Event> {
+        futures_util::StreamExt::next(self).await
+    }
+}
+
+impl Stream for Watch {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}

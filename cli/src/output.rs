@@ -1,0 +1,168 @@
+//! Human output (aligned tables) and JSON output.
+
+use std::io::Write;
+use std::time::{Duration, UNIX_EPOCH};
+
+use roster::api::{ExplainView, InstanceView, StatusView};
+use serde::Serialize;
+
+/// Prints a line and flushes (a watch's lines must not wait in a buffer).
+pub fn line(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}");
+    let _ = out.flush();
+}
+
+/// Prints a value as pretty JSON.
+pub fn json<T: Serialize + ?Sized>(v: &T) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => line(&s),
+        Err(e) => eprintln!("roster: error: cannot encode JSON: {e}"),
+    }
+}
+
+/// Prints a value as JSON on one line.
+pub fn json_line<T: Serialize + ?Sized>(v: &T) {
+    match serde_json::to_string(v) {
+        Ok(s) => line(&s),
+        Err(e) => eprintln!("roster: error: cannot encode JSON: {e}"),
+    }
+}
+
+/// Prints rows under headers, each column as wide as its widest cell.
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let render = |cells: Vec<&str>| {
+        let n = cells.len();
+        let mut s = String::new();
+        for (i, (c, w)) in cells.into_iter().zip(&widths).enumerate() {
+            s.push_str(c);
+            if i + 1 < n {
+                s.push_str(&" ".repeat(w - c.chars().count() + 2));
+            }
+        }
+        s
+    };
+    let mut out = String::new();
+    out.push_str(&render(headers.to_vec()));
+    for r in &rows {
+        out.push('\n');
+        out.push_str(&render(r.iter().map(String::as_str).collect()));
+    }
+    line(&out);
+}
+
+/// Wall milliseconds as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// `k=v,k=v`.
+pub fn meta_line(meta: &[(String, String)]) -> String {
+    meta.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// Metadata as a JSON object.
+pub fn meta_json(meta: &[(String, String)]) -> serde_json::Value {
+    serde_json::Value::Object(
+        meta.iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// One instance as `roster get --json` shows it.
+pub fn instance_json(i: &InstanceView) -> serde_json::Value {
+    serde_json::json!({
+        "service": i.service,
+        "instance": i.instance,
+        "address": i.address,
+        "meta": meta_json(&i.meta),
+        "node": i.node,
+        "registered_at": rfc3339(i.registered_at_ms),
+        "lease_expires_at": rfc3339(i.lease_expires_at_ms),
+    })
+}
+
+/// `1.2s ago`.
+pub fn ago(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{ms}ms ago")
+    } else if ms < 120_000 {
+        format!("{:.1}s ago", ms as f64 / 1000.0)
+    } else {
+        format!("{}m ago", ms / 60_000)
+    }
+}
+
+pub fn status(s: &StatusView) {
+    let c = &s.counters;
+    let mut out = vec![
+        format!("node:            {} ({})", s.name, s.node),
+        format!("address:         {}", s.address),
+        format!("version:         {}", s.version),
+        format!("uptime:          {}", humantime::format_duration(Duration::from_secs(s.uptime_ms / 1000))),
+        format!("data dir:        {}", s.data_dir.as_deref().unwrap_or("(none: ephemeral)")),
+        format!("registry:        {} services, {} instances", s.services, s.instances),
+        format!("launches (5m):   {}", s.launches_recent),
+        format!("crash guard:     {}", if s.crash_guard { "on" } else { "off" }),
+        format!("peers:           {}", s.peers.len()),
+    ];
+    for p in &s.peers {
+        out.push(format!("  {} {} {} ({})", p.direction, p.name, p.address, p.node));
+    }
+    out.push(format!(
+        "connections:     {} opened, {} accepted",
+        c.connections_opened, c.connections_accepted
+    ));
+    out.push(format!("sent:            {} frames, {} bytes", c.frames_sent, c.bytes_sent));
+    out.push(format!("received:        {} frames, {} bytes", c.frames_received, c.bytes_received));
+    out.push(format!("deltas applied:  {}", c.deltas_applied));
+    out.push(format!(
+        "full syncs:      {} sent, {} received",
+        c.full_syncs_sent, c.full_syncs_received
+    ));
+    line(&out.join("\n"));
+}
+
+pub fn explain(x: &ExplainView) {
+    let mut out = vec![
+        format!("{} / {}: {}", x.service, x.instance, if x.live { "live" } else { "not live" }),
+        format!("winning write:   {}", x.winner.as_deref().unwrap_or("none")),
+    ];
+    for w in &x.writes {
+        let who = if w.node_name.is_empty() {
+            w.node.clone()
+        } else {
+            format!("{} ({})", w.node_name, w.node)
+        };
+        out.push(format!(
+            "  write {} by {} at {} (+{}) -> {} under lease {}",
+            w.dot,
+            who,
+            rfc3339(w.written_ms),
+            w.written_logical,
+            w.address,
+            w.lease_dot
+        ));
+    }
+    match &x.lease {
+        Some((dot, issued, deadline)) => out.push(format!(
+            "lease:           {dot}, renewed {}, ends {}",
+            rfc3339(*issued),
+            rfc3339(*deadline)
+        )),
+        None => out.push("lease:           none".to_string()),
+    }
+    if x.acknowledged_by.is_empty() {
+        out.push("acknowledged by: no peer's last digest holds it yet".to_string());
+    } else {
+        out.push(format!("acknowledged by: {}", x.acknowledged_by.join(", ")));
+    }
+    line(&out.join("\n"));
+}

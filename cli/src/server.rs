@@ -1,0 +1,237 @@
+//! The agent's side of the client protocol (see [`crate::api`]).
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use roster_registry::ServiceName;
+use roster_transport::driver::ClientConn;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use crate::api::{
+    self, ClientMessage, ErrorKind, EventView, Request, ServerHello, ServerMessage, AGENT_LABEL, CLIENT_LABEL,
+    MAX_REQUEST_BYTES, NONCE_LEN,
+};
+use crate::node::{Error, Event, Inner, Node, Service};
+
+/// How long a client has to say hello and send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves client connections until the node stops.
+pub(crate) async fn accept(inner: Weak<Inner>, mut rx: mpsc::Receiver<ClientConn>, cancel: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let conn = tokio::select! {
+            () = cancel.cancelled() => break,
+            c = rx.recv() => match c {
+                Some(c) => c,
+                None => break,
+            },
+        };
+        let Some(inner) = inner.upgrade() else { break };
+        tracker.spawn(serve(Node { inner }, conn, cancel.clone()));
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<Box<dyn roster_transport::driver::ClientStream>>;
+
+async fn send(ws: &mut Ws, msg: &ServerMessage) -> Result<(), String> {
+    ws.send(WsMessage::binary(api::encode(msg)))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn recv(ws: &mut Ws) -> Result<ClientMessage, String> {
+    loop {
+        match ws.next().await {
+            None => return Err("the client hung up".into()),
+            Some(Err(e)) => return Err(e.to_string()),
+            Some(Ok(WsMessage::Binary(b))) => {
+                if b.len() > MAX_REQUEST_BYTES {
+                    return Err(format!("a request of {} bytes (max {MAX_REQUEST_BYTES})", b.len()));
+                }
+                return api::decode(&b).map_err(|e| e.to_string());
+            }
+            Some(Ok(WsMessage::Close(_))) => return Err("the client closed".into()),
+            Some(Ok(WsMessage::Text(_))) => return Err("a text frame".into()),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> ServerMessage {
+    ServerMessage::Error {
+        kind,
+        message: message.into(),
+        retry_after_ms: None,
+    }
+}
+
+fn from_error(e: Error) -> ServerMessage {
+    match e {
+        Error::Invalid(m) => error(ErrorKind::Invalid, m),
+        Error::NotFound(m) => error(ErrorKind::NotFound, m),
+        Error::Throttled { message, retry_after } => ServerMessage::Error {
+            kind: ErrorKind::Throttled,
+            message,
+            retry_after_ms: Some(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX)),
+        },
+        other => error(ErrorKind::Failed, other.to_string()),
+    }
+}
+
+/// Authenticates the client if it must, and returns its request.
+async fn open(node: &Node, ws: &mut Ws, loopback: bool) -> Result<Request, String> {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|e| format!("no random nonce: {e}"))?;
+    let auth_required = node.inner.secret.is_some() && !loopback;
+    let hello = ServerHello {
+        node: node.id(),
+        name: node.name().to_string(),
+        nonce,
+        auth_required,
+    };
+    send(ws, &ServerMessage::Hello(hello)).await?;
+    let mut msg = recv(ws).await?;
+    if auth_required {
+        let ClientMessage::Auth { nonce: theirs, proof } = msg else {
+            let m = "this agent requires the cluster secret from clients not on loopback; pass --cluster-secret-file";
+            let _ = send(ws, &error(ErrorKind::Unauthorized, m)).await;
+            return Err("a client not on loopback sent no proof of the secret".into());
+        };
+        let Some(secret) = &node.inner.secret else {
+            return Err("no secret".into());
+        };
+        if !secret.verify(CLIENT_LABEL, &[&nonce, &theirs], &proof) {
+            let m = "wrong cluster secret; pass the agent's --cluster-secret-file";
+            let _ = send(ws, &error(ErrorKind::Unauthorized, m)).await;
+            return Err("a client's proof of the secret was wrong".into());
+        }
+        let proof = secret.prove(AGENT_LABEL, &[&nonce, &theirs]);
+        send(ws, &ServerMessage::AuthOk { proof }).await?;
+        msg = recv(ws).await?;
+    }
+    match msg {
+        ClientMessage::Request(r) => Ok(r),
+        ClientMessage::Auth { .. } => {
+            let m = "this agent asked for no authentication; send the request";
+            let _ = send(ws, &error(ErrorKind::Invalid, m)).await;
+            Err("an unasked authentication".into())
+        }
+    }
+}
+
+async fn serve(node: Node, conn: ClientConn, cancel: CancellationToken) {
+    let loopback = conn.peer.ip().is_loopback();
+    let peer = conn.peer;
+    let mut conn = conn;
+    let ws = &mut conn.ws;
+    let request = match tokio::time::timeout(REQUEST_TIMEOUT, open(&node, ws, loopback)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(why)) => {
+            debug!(%peer, "client refused: {why}");
+            let _ = ws.close(None).await;
+            return;
+        }
+        Err(_) => {
+            debug!(%peer, "client sent no request within {REQUEST_TIMEOUT:?}");
+            let _ = ws.close(None).await;
+            return;
+        }
+    };
+    debug!(%peer, ?request, "client request");
+    let answer = match request {
+        Request::Watch { service } => {
+            watch(&node, ws, &service, &cancel).await;
+            let _ = ws.close(None).await;
+            return;
+        }
+        Request::Register {
+            service,
+            address,
+            meta,
+            instance,
+            ttl_ms,
+        } => {
+            let mut s = Service::new(service, address);
+            for (k, v) in meta {
+                s = s.meta(k, v);
+            }
+            if let Some(i) = instance {
+                s = s.id(i);
+            }
+            if let Some(t) = ttl_ms {
+                s = s.ttl(Duration::from_millis(t));
+            }
+            match node.register_owned(s).await {
+                Ok(instance) => ServerMessage::Registered { instance },
+                Err(e) => from_error(e),
+            }
+        }
+        Request::Deregister { service, instance } => match node.deregister(&service, &instance).await {
+            Ok(()) => ServerMessage::Deregistered,
+            Err(e) => from_error(e),
+        },
+        Request::Services => {
+            ServerMessage::Services(node.services().into_iter().map(|(s, n)| (s, n as u64)).collect())
+        }
+        Request::Instances { service } => match ServiceName::new(&service) {
+            Err(e) => error(ErrorKind::Invalid, e.to_string()),
+            Ok(_) => ServerMessage::Instances(node.lookup(&service).iter().map(|i| i.view()).collect()),
+        },
+        Request::Members => match node.members().await {
+            Ok(m) => ServerMessage::Members(m),
+            Err(e) => from_error(e),
+        },
+        Request::Status => match node.status().await {
+            Ok(s) => ServerMessage::Status(Box::new(s)),
+            Err(e) => from_error(e),
+        },
+        Request::Explain { service, instance } => match node.explain(&service, &instance).await {
+            Ok(x) => ServerMessage::Explain(Box::new(x)),
+            Err(e) => from_error(e),
+        },
+        Request::Sync => match node.sync().await {
+            Ok(asked) => ServerMessage::Synced { asked },
+            Err(e) => from_error(e),
+        },
+    };
+    let _ = send(ws, &answer).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+}
+
+/// Streams a service's instances, then its changes, until the client leaves or the node
+/// stops.
+async fn watch(node: &Node, ws: &mut Ws, service: &str, cancel: &CancellationToken) {
+    if let Err(e) = ServiceName::new(service) {
+        let _ = send(ws, &error(ErrorKind::Invalid, e.to_string())).await;
+        return;
+    }
+    let mut events = node.watch(service);
+    // The current instances first, then a marker-free stream of changes.
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            e = events.recv() => {
+                let Some(e) = e else { return };
+                let view = match e {
+                    Event::Up(i) => EventView::Up(i.view()),
+                    Event::Down { service, id } => EventView::Down { service, instance: id },
+                };
+                if send(ws, &ServerMessage::Event(view)).await.is_err() {
+                    return;
+                }
+            }
+            m = ws.next() => match m {
+                None | Some(Err(_)) | Some(Ok(WsMessage::Close(_))) => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+}

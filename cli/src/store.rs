@@ -1,0 +1,444 @@
+//! The data directory: one crash-safe redb database, `roster.redb`.
+//!
+//! It holds the node's identity (replica id), the counter floor it reserves ahead of
+//! what it mints, the replica (state and causal context, one value written in one
+//! transaction, so a restart resumes from a consistent point), the registrations it owns,
+//! the keys it removed lately, its launch times, and the times of throttled actions.
+//!
+//! Writes: own registrations are committed before `register` returns; the replica is
+//! committed in batches (group commit) by the node's saver task.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use roster_registry::{codec, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, State};
+use serde::{Deserialize, Serialize};
+
+/// The file in the data directory.
+pub const STORE_FILE: &str = "roster.redb";
+/// The layout of the tables; a data directory of another layout is refused.
+pub const STORE_FORMAT: u32 = 1;
+/// Counters reserved ahead of the highest minted: a crash leaves a gap of at most this
+/// many (closed at the next start), and the floor is rewritten about every half of it.
+pub const COUNTER_RESERVE: u64 = 256;
+/// Launch times kept.
+const MAX_LAUNCHES: usize = 256;
+/// How long a removed own key is remembered (a removal lost in a crash is redone at the
+/// next start only within this window; after it, the lease has long ended anyway).
+pub const REMOVED_KEEP_MS: u64 = 24 * 60 * 60 * 1000;
+/// The most removed keys remembered.
+const MAX_REMOVED: usize = 4_096;
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const OWNED: TableDefinition<&str, &[u8]> = TableDefinition::new("owned");
+const REMOVED: TableDefinition<&str, u64> = TableDefinition::new("removed");
+const LAUNCHES: TableDefinition<u64, ()> = TableDefinition::new("launches");
+
+const K_FORMAT: &str = "format";
+const K_ID: &str = "replica_id";
+const K_FLOOR: &str = "counter_floor";
+const K_STATE: &str = "state";
+
+/// A registration this node owns, as saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnedRecord {
+    /// The service.
+    pub service: String,
+    /// The instance (provider) id.
+    pub instance: String,
+    /// `host:port`.
+    pub address: String,
+    /// Metadata pairs.
+    pub meta: Vec<(String, String)>,
+    /// The lease, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// When it was registered (wall ms).
+    pub registered_at_ms: u64,
+    /// When it ends unless registered again (wall ms); `None`: until deregistered.
+    pub expires_at_ms: Option<u64>,
+}
+
+impl OwnedRecord {
+    /// The key in the `owned` and `removed` tables.
+    pub fn key(&self) -> String {
+        key(&self.service, &self.instance)
+    }
+
+    /// The typed parts, checked.
+    ///
+    /// # Errors
+    /// A message naming the rule a part breaks.
+    pub fn parts(&self) -> Result<(ServiceName, ProviderId, Endpoint, Metadata), String> {
+        let service = ServiceName::new(&self.service).map_err(|e| e.to_string())?;
+        let provider = ProviderId::new(&self.instance).map_err(|e| e.to_string())?;
+        let endpoint = Endpoint::parse(&self.address).map_err(|e| e.to_string())?;
+        let meta: Metadata = self.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        roster_registry::validate_metadata(&meta).map_err(|e| e.to_string())?;
+        Ok((service, provider, endpoint, meta))
+    }
+}
+
+fn key(service: &str, instance: &str) -> String {
+    // Neither part may contain a '/' (service names are DNS-like, ids have no '/').
+    format!("{service}/{instance}")
+}
+
+fn split_key(k: &str) -> Option<RegKey> {
+    let (s, p) = k.split_once('/')?;
+    Some(RegKey {
+        service: ServiceName::new(s).ok()?,
+        provider: ProviderId::new(p).ok()?,
+    })
+}
+
+/// Why the data directory could not be used. Each message names the file and the way out.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The directory could not be created or read.
+    #[error("cannot use the data directory {dir}: {source}; pass another --data-dir or fix its permissions")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Another process has the database open.
+    #[error("{path} is in use by another roster process; stop it, or pass another --data-dir")]
+    InUse {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The file is not a roster database, or is damaged.
+    #[error("{path} is corrupt ({why}); move it aside to start this node afresh (it will resync from its peers)")]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What was wrong.
+        why: String,
+    },
+    /// The file was written by an incompatible version.
+    #[error(
+        "{path} has data format {found}, this roster reads format {expected}; run the roster \
+         version that wrote it, or move the file aside to start afresh"
+    )]
+    Incompatible {
+        /// The database file.
+        path: PathBuf,
+        /// The format found.
+        found: u32,
+        /// The format this build reads.
+        expected: u32,
+    },
+    /// A read or write failed.
+    #[error("{path}: {why}")]
+    Io {
+        /// The database file.
+        path: PathBuf,
+        /// What failed.
+        why: String,
+    },
+}
+
+/// What a node resumes from.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The replica: its saved state, with the counter floor from disk.
+    pub replica: Replica,
+    /// Whether the data directory was new.
+    pub fresh: bool,
+    /// The registrations it owns.
+    pub owned: Vec<OwnedRecord>,
+    /// Keys it owned and removed lately.
+    pub removed: Vec<RegKey>,
+    /// Launch times (wall ms), oldest first, this launch included.
+    pub launches: Vec<u64>,
+}
+
+/// The open data directory.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, records this launch at `now_ms`, and
+    /// reserves the counters this process may mint. A new store gets the replica id
+    /// `new_id`.
+    ///
+    /// # Errors
+    /// [`StoreError`], naming the file and the way out.
+    pub fn open(dir: &Path, new_id: ReplicaId, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(STORE_FILE);
+        let db = redb::Builder::new()
+            .set_check_integrity_on_open(true)
+            .create(&path)
+            .map_err(|e| open_error(&path, e))?;
+        let store = Self { db, path };
+        let loaded = store.load(new_id, now_ms)?;
+        Ok((store, loaded))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Io {
+            path: self.path.clone(),
+            why: e.to_string(),
+        }
+    }
+
+    fn corrupt(&self, why: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    fn load(&self, new_id: ReplicaId, now_ms: u64) -> Result<Loaded, StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        let loaded = {
+            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            let get_u64 = |meta: &redb::Table<&str, &[u8]>, k: &str| -> Result<Option<u64>, StoreError> {
+                match meta.get(k).map_err(|e| self.io(e))? {
+                    None => Ok(None),
+                    Some(v) => {
+                        let b: [u8; 8] = v.value().try_into().map_err(|_| self.corrupt(format!("{k} is not 8 bytes")))?;
+                        Ok(Some(u64::from_le_bytes(b)))
+                    }
+                }
+            };
+            let fresh = meta.get(K_FORMAT).map_err(|e| self.io(e))?.is_none();
+            if fresh {
+                meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+                meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+            } else {
+                let format = meta.get(K_FORMAT).map_err(|e| self.io(e))?;
+                let found = format
+                    .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+                    .map(u32::from_le_bytes)
+                    .ok_or_else(|| self.corrupt("the format record is damaged"))?;
+                if found != STORE_FORMAT {
+                    return Err(StoreError::Incompatible {
+                        path: self.path.clone(),
+                        found,
+                        expected: STORE_FORMAT,
+                    });
+                }
+            }
+            let id = ReplicaId(get_u64(&meta, K_ID)?.ok_or_else(|| self.corrupt("no replica id"))?);
+            let state = match meta.get(K_STATE).map_err(|e| self.io(e))? {
+                None => State::new(),
+                Some(v) => codec::decode_state(v.value()).map_err(|e| self.corrupt(format!("the replica: {e}")))?,
+            };
+            let floor = get_u64(&meta, K_FLOOR)?.unwrap_or(0);
+            let replica = Replica::from_state(id, state, floor);
+            // Reserve what this process may mint before it mints anything.
+            let reserved = replica.counter() + COUNTER_RESERVE;
+            meta.insert(K_FLOOR, reserved.to_le_bytes().as_slice())
+                .map_err(|e| self.io(e))?;
+            drop(meta);
+
+            let mut owned = Vec::new();
+            let table = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+            for row in table.iter().map_err(|e| self.io(e))? {
+                let (_, v) = row.map_err(|e| self.io(e))?;
+                let rec: OwnedRecord = postcard::from_bytes(v.value())
+                    .map_err(|e| self.corrupt(format!("an own registration: {e}")))?;
+                owned.push(rec);
+            }
+            drop(table);
+
+            let mut removed_table = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+            let mut removed_rows = Vec::new();
+            for row in removed_table.iter().map_err(|e| self.io(e))? {
+                let (k, at) = row.map_err(|e| self.io(e))?;
+                removed_rows.push((k.value().to_string(), at.value()));
+            }
+            let mut removed = Vec::new();
+            for (k, at) in removed_rows {
+                match split_key(&k) {
+                    Some(key) if at + REMOVED_KEEP_MS > now_ms => removed.push(key),
+                    _ => {
+                        removed_table.remove(k.as_str()).map_err(|e| self.io(e))?;
+                    }
+                }
+            }
+            drop(removed_table);
+
+            let mut launches_table = tx.open_table(LAUNCHES).map_err(|e| self.io(e))?;
+            launches_table.insert(now_ms, ()).map_err(|e| self.io(e))?;
+            let mut launches = Vec::new();
+            for row in launches_table.iter().map_err(|e| self.io(e))? {
+                launches.push(row.map_err(|e| self.io(e))?.0.value());
+            }
+            let excess = launches.len().saturating_sub(MAX_LAUNCHES);
+            for t in launches.drain(..excess) {
+                launches_table.remove(t).map_err(|e| self.io(e))?;
+            }
+            Loaded {
+                replica,
+                fresh,
+                owned,
+                removed,
+                launches,
+            }
+        };
+        tx.commit().map_err(|e| self.io(e))?;
+        Ok(loaded)
+    }
+
+    /// Saves the replica (state and context, in one transaction) and, when its counter
+    /// nears the reserved floor, reserves more; with `exact`, the floor becomes the
+    /// counter itself (a clean stop leaves no gap).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn save_replica(&self, replica: &Replica, exact: bool) -> Result<(), StoreError> {
+        let bytes = codec::encode_state(replica.state());
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            meta.insert(K_STATE, bytes.as_slice()).map_err(|e| self.io(e))?;
+            let counter = replica.counter();
+            let reserved = meta
+                .get(K_FLOOR)
+                .map_err(|e| self.io(e))?
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes);
+            let floor = if exact {
+                Some(counter)
+            } else if counter + COUNTER_RESERVE / 2 > reserved {
+                Some(counter + COUNTER_RESERVE)
+            } else {
+                None
+            };
+            if let Some(floor) = floor {
+                meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.io(e))
+    }
+
+    /// Saves an own registration (durable when this returns), and reserves counters
+    /// ahead of `counter` if needed.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn put_owned(&self, rec: &OwnedRecord, counter: u64) -> Result<(), StoreError> {
+        let bytes = postcard::to_stdvec(rec).map_err(|e| self.io(e))?;
+        let k = rec.key();
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+            owned.insert(k.as_str(), bytes.as_slice()).map_err(|e| self.io(e))?;
+            let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+            removed.remove(k.as_str()).map_err(|e| self.io(e))?;
+            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            let reserved = meta
+                .get(K_FLOOR)
+                .map_err(|e| self.io(e))?
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes);
+            if counter + COUNTER_RESERVE / 2 > reserved {
+                meta.insert(K_FLOOR, (counter + COUNTER_RESERVE).to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.io(e))
+    }
+
+    /// Forgets an own registration (durable when this returns) and remembers its key as
+    /// removed at `now_ms`. Returns whether it was saved.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn remove_owned(&self, service: &str, instance: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let k = key(service, instance);
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        let existed = {
+            let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+            let existed = owned.remove(k.as_str()).map_err(|e| self.io(e))?.is_some();
+            let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+            if removed.len().map_err(|e| self.io(e))? < MAX_REMOVED as u64 {
+                removed.insert(k.as_str(), now_ms).map_err(|e| self.io(e))?;
+            }
+            existed
+        };
+        tx.commit().map_err(|e| self.io(e))?;
+        Ok(existed)
+    }
+
+    /// When the throttled action `name` last ran (wall ms).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn last_run(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.io(e))?;
+        let meta = match tx.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.io(e)),
+        };
+        let k = format!("last_run.{name}");
+        let v = meta.get(k.as_str()).map_err(|e| self.io(e))?;
+        Ok(v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map(u64::from_le_bytes))
+    }
+
+    /// Records that the throttled action `name` ran at `at_ms` (durable when this returns).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn set_last_run(&self, name: &str, at_ms: u64) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            let k = format!("last_run.{name}");
+            meta.insert(k.as_str(), at_ms.to_le_bytes().as_slice())
+                .map_err(|e| self.io(e))?;
+        }
+        tx.commit().map_err(|e| self.io(e))
+    }
+}
+
+fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen | redb::DatabaseError::LockProtocolMismatch => {
+            StoreError::InUse {
+                path: path.to_path_buf(),
+            }
+        }
+        redb::DatabaseError::UpgradeRequired(v) => StoreError::Incompatible {
+            path: path.to_path_buf(),
+            found: u32::from(v),
+            expected: STORE_FORMAT,
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            StoreError::Corrupt {
+                path: path.to_path_buf(),
+                why: format!("not a roster database: {io}"),
+            }
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            why,
+        },
+        other => StoreError::Io {
+            path: path.to_path_buf(),
+            why: other.to_string(),
+        },
+    }
+}
