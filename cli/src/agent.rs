@@ -78,22 +78,31 @@ const MAX_SECRET_BYTES: u64 = 4096;
 
 fn read_config(path: &Path) -> Result<FileConfig, Fail> {
     let shown = path.display();
-    let meta = std::fs::metadata(path)
-        .map_err(|e| Fail::usage(format!("cannot read config file {shown}: {e}; check the --config path")))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Fail::usage(format!(
+            "cannot read config file {shown}: {e}; check the --config path"
+        ))
+    })?;
     if meta.len() > MAX_CONFIG_BYTES {
         return Err(Fail::usage(format!(
             "config file {shown} has {} bytes, over the limit of {MAX_CONFIG_BYTES}; is it the right file?",
             meta.len()
         )));
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Fail::usage(format!("cannot read config file {shown}: {e}; check the --config path")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Fail::usage(format!(
+            "cannot read config file {shown}: {e}; check the --config path"
+        ))
+    })?;
     toml::from_str(&text).map_err(|e| {
-        let line = e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
-            .unwrap_or(0);
         let what = e.message().lines().next().unwrap_or("invalid TOML").trim().to_string();
+        // An unknown key's span is its table; point at the key itself.
+        let key_at = what
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+            .and_then(|k| text.find(k));
+        let at = key_at.or(e.span().map(|s| s.start)).unwrap_or(0);
+        let line = text[..at.min(text.len())].lines().count() + 1;
         Fail::usage(format!(
             "config file {shown}, line {line}: {what}; keys are the agent's flag names (listen, join, data-dir, ...)"
         ))
@@ -140,9 +149,9 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
 }
 
 fn default_data_dir() -> Result<PathBuf, Fail> {
-    dirs::data_dir()
-        .map(|d| d.join("roster"))
-        .ok_or_else(|| Fail::usage("no platform data directory; pass --data-dir DIR (or set ROSTER_DATA_DIR)"))
+    dirs::data_dir().map(|d| d.join("roster")).ok_or_else(|| {
+        Fail::usage("no platform data directory; pass --data-dir DIR (or set ROSTER_DATA_DIR)")
+    })
 }
 
 /// Runs the agent until SIGINT or SIGTERM, then leaves gracefully.
@@ -216,7 +225,12 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         roster::Error::Invalid(m) => Fail::usage(m),
         other => Fail::failed(other.to_string()),
     })?;
-    println!("roster agent {}: node {} ({})", env!("CARGO_PKG_VERSION"), node.name(), node.id());
+    println!(
+        "roster agent {}: node {} ({})",
+        env!("CARGO_PKG_VERSION"),
+        node.name(),
+        node.id()
+    );
     println!("listening on {}", node.url());
     println!("data in {}", data_dir.display());
     if join.is_empty() {

@@ -11,7 +11,10 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::api::{self, ClientMessage, Request, ServerHello, ServerMessage, AGENT_LABEL, CLIENT_LABEL, MAX_ANSWER_BYTES, NONCE_LEN};
+use crate::api::{
+    self, ClientMessage, Request, ServerHello, ServerMessage, AGENT_LABEL, CLIENT_LABEL, MAX_ANSWER_BYTES,
+    NONCE_LEN,
+};
 
 /// How long connecting and authenticating may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -22,7 +25,9 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing answered, or not a roster agent.
-    #[error("cannot reach a roster agent at {url}: {why}; start one with `roster agent` or pass --agent URL")]
+    #[error(
+        "cannot reach a roster agent at {url}: {why}; start one with `roster agent` or pass --agent URL"
+    )]
     Unreachable {
         /// The agent URL.
         url: String,
@@ -83,9 +88,7 @@ impl Client {
                 "the URL is not ws://host:port".into()
             }));
         }
-        let uri = url
-            .parse()
-            .map_err(|e| unreachable(format!("not a URL: {e}")))?;
+        let uri = url.parse().map_err(|e| unreachable(format!("not a URL: {e}")))?;
         let request = ClientRequestBuilder::new(uri).with_sub_protocol(CLIENT_SUBPROTOCOL);
         let config = WebSocketConfig::default()
             .max_message_size(Some(MAX_ANSWER_BYTES))
@@ -133,7 +136,9 @@ impl Client {
                         why: message,
                     })
                 }
-                other => return Err(client.protocol(format!("sent {other:?} instead of accepting the proof"))),
+                other => {
+                    return Err(client.protocol(format!("sent {other:?} instead of accepting the proof")))
+                }
             }
         }
         client.hello = hello;

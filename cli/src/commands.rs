@@ -16,12 +16,16 @@ async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
         Some(p) => Some(Secret::new(crate::agent::read_secret(p)?).map_err(|e| Fail::usage(e.to_string()))?),
         None => None,
     };
-    Client::connect(&c.agent, secret.as_ref()).await.map_err(from_client)
+    Client::connect(&c.agent, secret.as_ref())
+        .await
+        .map_err(from_client)
 }
 
 fn from_client(e: ClientError) -> Fail {
     match e {
-        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } => Fail::unreachable(e.to_string()),
+        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } => {
+            Fail::unreachable(e.to_string())
+        }
         ClientError::Protocol { .. } => Fail::failed(e.to_string()),
     }
 }
@@ -44,7 +48,9 @@ async fn ask(c: &ClientArgs, req: Request) -> Result<ServerMessage, Fail> {
 }
 
 fn check_service(s: &str) -> Result<(), Fail> {
-    ServiceName::new(s).map(|_| ()).map_err(|e| Fail::usage(e.to_string()))
+    ServiceName::new(s)
+        .map(|_| ())
+        .map_err(|e| Fail::usage(e.to_string()))
 }
 
 pub async fn register(
@@ -109,7 +115,9 @@ pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Re
     {
         ServerMessage::Deregistered => {
             if c.json {
-                output::json(&serde_json::json!({ "service": service, "instance": instance, "deregistered": true }));
+                output::json(
+                    &serde_json::json!({ "service": service, "instance": instance, "deregistered": true }),
+                );
             } else {
                 println!("deregistered {instance} of {service}");
             }
@@ -140,7 +148,14 @@ pub async fn ls(c: &ClientArgs) -> Result<(), Fail> {
 
 pub async fn get(c: &ClientArgs, service: String) -> Result<(), Fail> {
     check_service(&service)?;
-    match ask(c, Request::Instances { service: service.clone() }).await? {
+    match ask(
+        c,
+        Request::Instances {
+            service: service.clone(),
+        },
+    )
+    .await?
+    {
         ServerMessage::Instances(list) => {
             if list.is_empty() {
                 return Err(Fail::failed(format!(
@@ -174,7 +189,9 @@ pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
     check_service(&service)?;
     let mut client = connect(c).await?;
     client
-        .start(Request::Watch { service: service.clone() })
+        .start(Request::Watch {
+            service: service.clone(),
+        })
         .await
         .map_err(from_client)?;
     // Addresses of the instances seen up, so a down line can name them too.

@@ -19,9 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::api::{
-    CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView,
-};
+use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
 use crate::store::{OwnedRecord, Store, StoreError};
 
 /// The default listen address of an agent.
@@ -160,7 +158,11 @@ impl Instance {
             service: i.service.as_str().to_string(),
             id: i.provider.as_str().to_string(),
             address: i.endpoint.to_string(),
-            meta: i.meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            meta: i
+                .meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             node: i.node.to_string(),
             registered_at: at(i.written.millis()),
             lease_expires_at: at(i.lease_deadline_ms),
@@ -355,7 +357,9 @@ impl NodeBuilder {
             )));
         }
         let lease = millis(self.lease_ttl);
-        if !(roster_registry::MIN_LEASE_TTL_MS..=roster_registry::MAX_LEASE_TTL_MS).contains(&lease) || lease < 3 * gossip {
+        if !(roster_registry::MIN_LEASE_TTL_MS..=roster_registry::MAX_LEASE_TTL_MS).contains(&lease)
+            || lease < 3 * gossip
+        {
             return Err(Error::Invalid(format!(
                 "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
                 self.lease_ttl
@@ -391,11 +395,15 @@ impl NodeBuilder {
             .map(Secret::new)
             .transpose()
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        let listener = TcpListener::bind(&self.listen).await.map_err(|source| Error::Listen {
-            addr: self.listen.clone(),
-            source,
-        })?;
-        let new_id = ReplicaId(getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?);
+        let listener = TcpListener::bind(&self.listen)
+            .await
+            .map_err(|source| Error::Listen {
+                addr: self.listen.clone(),
+                source,
+            })?;
+        let new_id = ReplicaId(
+            getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
+        );
         let now = now_ms();
         let (store, replica, owned, removed, launches) = match &self.data_dir {
             Some(dir) => {
@@ -408,7 +416,13 @@ impl NodeBuilder {
                     .into_iter()
                     .filter(|r| r.expires_at_ms.is_none_or(|t| t > now))
                     .collect();
-                (Some(Arc::new(store)), loaded.replica, owned, loaded.removed, loaded.launches)
+                (
+                    Some(Arc::new(store)),
+                    loaded.replica,
+                    owned,
+                    loaded.removed,
+                    loaded.launches,
+                )
             }
             None => (None, Replica::new(new_id), Vec::new(), Vec::new(), vec![now]),
         };
@@ -467,15 +481,21 @@ impl NodeBuilder {
         });
         let node = Node { inner };
         if let Some(store) = &node.inner.store {
-            node.inner
-                .tasks
-                .spawn(saver(node.inner.handle.clone(), Arc::clone(store), node.inner.cancel.clone()));
+            node.inner.tasks.spawn(saver(
+                node.inner.handle.clone(),
+                Arc::clone(store),
+                node.inner.cancel.clone(),
+            ));
         }
-        node.inner.tasks.spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
+        node.inner
+            .tasks
+            .spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
         if self.serve_clients {
-            node.inner
-                .tasks
-                .spawn(crate::server::accept(Arc::downgrade(&node.inner), clients_rx, node.inner.cancel.clone()));
+            node.inner.tasks.spawn(crate::server::accept(
+                Arc::downgrade(&node.inner),
+                clients_rx,
+                node.inner.cancel.clone(),
+            ));
         }
         Ok(node)
     }
@@ -548,7 +568,10 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
             .map(|r| (r.service.clone(), r.instance.clone()))
             .collect();
         for (service, instance) in due {
-            info!(service, instance, "registration TTL passed without a new register: deregistering");
+            info!(
+                service,
+                instance, "registration TTL passed without a new register: deregistering"
+            );
             if let Err(e) = node.deregister(&service, &instance).await {
                 warn!(service, instance, "could not deregister: {e}");
             }
@@ -680,7 +703,12 @@ impl Node {
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         let ttl = Duration::from_millis(rec.lease_ttl_ms);
-        if let Err(e) = self.inner.handle.register(service, provider, endpoint, meta, ttl).await {
+        if let Err(e) = self
+            .inner
+            .handle
+            .register(service, provider, endpoint, meta, ttl)
+            .await
+        {
             if let Some(store) = &self.inner.store {
                 let _ = store.remove_owned(&rec.service, &rec.instance, now_ms());
             }
@@ -965,7 +993,9 @@ impl Node {
                     message: format!(
                         "a sync ran {} ago; the next may run in {} (--sync-min-interval {})",
                         humantime::format_duration(Duration::from_millis((now - last) / 1000 * 1000)),
-                        humantime::format_duration(Duration::from_millis(wait.as_millis().div_ceil(1000) as u64 * 1000)),
+                        humantime::format_duration(Duration::from_millis(
+                            wait.as_millis().div_ceil(1000) as u64 * 1000
+                        )),
                         humantime::format_duration(self.inner.sync_min_interval),
                     ),
                     retry_after: wait,
@@ -1051,10 +1081,17 @@ impl Drop for Registration {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let node = self.node.clone();
-            let (s, i) = (std::mem::take(&mut self.service), std::mem::take(&mut self.instance));
+            let (s, i) = (
+                std::mem::take(&mut self.service),
+                std::mem::take(&mut self.instance),
+            );
             rt.spawn(async move {
                 if let Err(e) = node.deregister(&s, &i).await {
-                    warn!(service = s, instance = i, "dropped registration not deregistered: {e}");
+                    warn!(
+                        service = s,
+                        instance = i,
+                        "dropped registration not deregistered: {e}"
+                    );
                 }
             });
         }

@@ -64,7 +64,10 @@ pub fn rfc3339(ms: u64) -> String {
 
 /// `k=v,k=v`.
 pub fn meta_line(meta: &[(String, String)]) -> String {
-    meta.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    meta.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Metadata as a JSON object.
@@ -106,9 +109,18 @@ pub fn status(s: &StatusView) {
         format!("node:            {} ({})", s.name, s.node),
         format!("address:         {}", s.address),
         format!("version:         {}", s.version),
-        format!("uptime:          {}", humantime::format_duration(Duration::from_secs(s.uptime_ms / 1000))),
-        format!("data dir:        {}", s.data_dir.as_deref().unwrap_or("(none: ephemeral)")),
-        format!("registry:        {} services, {} instances", s.services, s.instances),
+        format!(
+            "uptime:          {}",
+            humantime::format_duration(Duration::from_secs(s.uptime_ms / 1000))
+        ),
+        format!(
+            "data dir:        {}",
+            s.data_dir.as_deref().unwrap_or("(none: ephemeral)")
+        ),
+        format!(
+            "registry:        {} services, {} instances",
+            s.services, s.instances
+        ),
         format!("launches (5m):   {}", s.launches_recent),
         format!("crash guard:     {}", if s.crash_guard { "on" } else { "off" }),
         format!("peers:           {}", s.peers.len()),
@@ -120,8 +132,14 @@ pub fn status(s: &StatusView) {
         "connections:     {} opened, {} accepted",
         c.connections_opened, c.connections_accepted
     ));
-    out.push(format!("sent:            {} frames, {} bytes", c.frames_sent, c.bytes_sent));
-    out.push(format!("received:        {} frames, {} bytes", c.frames_received, c.bytes_received));
+    out.push(format!(
+        "sent:            {} frames, {} bytes",
+        c.frames_sent, c.bytes_sent
+    ));
+    out.push(format!(
+        "received:        {} frames, {} bytes",
+        c.frames_received, c.bytes_received
+    ));
     out.push(format!("deltas applied:  {}", c.deltas_applied));
     out.push(format!(
         "full syncs:      {} sent, {} received",
@@ -132,7 +150,12 @@ pub fn status(s: &StatusView) {
 
 pub fn explain(x: &ExplainView) {
     let mut out = vec![
-        format!("{} / {}: {}", x.service, x.instance, if x.live { "live" } else { "not live" }),
+        format!(
+            "{} / {}: {}",
+            x.service,
+            x.instance,
+            if x.live { "live" } else { "not live" }
+        ),
         format!("winning write:   {}", x.winner.as_deref().unwrap_or("none")),
     ];
     for w in &x.writes {

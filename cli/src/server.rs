@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::api::{
-    self, ClientMessage, ErrorKind, EventView, Request, ServerHello, ServerMessage, AGENT_LABEL, CLIENT_LABEL,
-    MAX_REQUEST_BYTES, NONCE_LEN,
+    self, ClientMessage, ErrorKind, EventView, Request, ServerHello, ServerMessage, AGENT_LABEL,
+    CLIENT_LABEL, MAX_REQUEST_BYTES, NONCE_LEN,
 };
 use crate::node::{Error, Event, Inner, Node, Service};
 
@@ -22,7 +22,11 @@ use crate::node::{Error, Event, Inner, Node, Service};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves client connections until the node stops.
-pub(crate) async fn accept(inner: Weak<Inner>, mut rx: mpsc::Receiver<ClientConn>, cancel: CancellationToken) {
+pub(crate) async fn accept(
+    inner: Weak<Inner>,
+    mut rx: mpsc::Receiver<ClientConn>,
+    cancel: CancellationToken,
+) {
     let tracker = TaskTracker::new();
     loop {
         let conn = tokio::select! {
@@ -54,7 +58,10 @@ async fn recv(ws: &mut Ws) -> Result<ClientMessage, String> {
             Some(Err(e)) => return Err(e.to_string()),
             Some(Ok(WsMessage::Binary(b))) => {
                 if b.len() > MAX_REQUEST_BYTES {
-                    return Err(format!("a request of {} bytes (max {MAX_REQUEST_BYTES})", b.len()));
+                    return Err(format!(
+                        "a request of {} bytes (max {MAX_REQUEST_BYTES})",
+                        b.len()
+                    ));
                 }
                 return api::decode(&b).map_err(|e| e.to_string());
             }

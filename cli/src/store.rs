@@ -11,7 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
-use roster_registry::{codec, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, State};
+use roster_registry::{
+    codec, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, State,
+};
 use serde::{Deserialize, Serialize};
 
 /// The file in the data directory.
@@ -109,7 +111,9 @@ pub enum StoreError {
         path: PathBuf,
     },
     /// The file is not a roster database, or is damaged.
-    #[error("{path} is corrupt ({why}); move it aside to start this node afresh (it will resync from its peers)")]
+    #[error(
+        "{path} is corrupt ({why}); move it aside to start this node afresh (it will resync from its peers)"
+    )]
     Corrupt {
         /// The database file.
         path: PathBuf,
@@ -210,7 +214,10 @@ impl Store {
                 match meta.get(k).map_err(|e| self.io(e))? {
                     None => Ok(None),
                     Some(v) => {
-                        let b: [u8; 8] = v.value().try_into().map_err(|_| self.corrupt(format!("{k} is not 8 bytes")))?;
+                        let b: [u8; 8] = v
+                            .value()
+                            .try_into()
+                            .map_err(|_| self.corrupt(format!("{k} is not 8 bytes")))?;
                         Ok(Some(u64::from_le_bytes(b)))
                     }
                 }
@@ -238,7 +245,9 @@ impl Store {
             let id = ReplicaId(get_u64(&meta, K_ID)?.ok_or_else(|| self.corrupt("no replica id"))?);
             let state = match meta.get(K_STATE).map_err(|e| self.io(e))? {
                 None => State::new(),
-                Some(v) => codec::decode_state(v.value()).map_err(|e| self.corrupt(format!("the replica: {e}")))?,
+                Some(v) => {
+                    codec::decode_state(v.value()).map_err(|e| self.corrupt(format!("the replica: {e}")))?
+                }
             };
             let floor = get_u64(&meta, K_FLOOR)?.unwrap_or(0);
             let replica = Replica::from_state(id, state, floor);
@@ -341,7 +350,9 @@ impl Store {
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
             let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
-            owned.insert(k.as_str(), bytes.as_slice()).map_err(|e| self.io(e))?;
+            owned
+                .insert(k.as_str(), bytes.as_slice())
+                .map_err(|e| self.io(e))?;
             let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
             removed.remove(k.as_str()).map_err(|e| self.io(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;

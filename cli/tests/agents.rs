@@ -1,0 +1,729 @@
+//! The `roster` binary as operators run it: real agent processes on loopback ports, and
+//! the client commands against them.
+//!
+//! Every agent listens on `127.0.0.1:0` (or, when restarted, on the port it had) and is
+//! killed by its process id when its handle drops.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a test failure
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_roster");
+/// Agents in these tests gossip every 100 ms and hold 3 s leases, so a test runs in seconds.
+const GOSSIP: &str = "100ms";
+const LEASE: &str = "3s";
+
+/// A running agent, killed (SIGKILL, by pid) and reaped when dropped.
+struct Agent {
+    child: Child,
+    url: String,
+    port: u16,
+    dir: PathBuf,
+    stdout: mpsc::Receiver<String>,
+}
+
+impl Agent {
+    fn start(dir: &Path, name: &str, extra: &[&str]) -> Agent {
+        Self::start_on(dir, name, "127.0.0.1:0", extra)
+    }
+
+    fn start_on(dir: &Path, name: &str, listen: &str, extra: &[&str]) -> Agent {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "agent",
+            "--listen",
+            listen,
+            "--node-name",
+            name,
+            "--gossip-interval",
+            GOSSIP,
+        ]);
+        if !extra.contains(&"--lease-ttl") {
+            cmd.args(["--lease-ttl", LEASE]);
+        }
+        cmd.arg("--data-dir")
+            .arg(dir)
+            .args(extra)
+            .env_remove("ROSTER_AGENT")
+            .env("ROSTER_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let url = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(url) = line.strip_prefix("listening on ") {
+                        break url.to_string();
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("agent {name} did not say where it listens within 10 s");
+                }
+            }
+        };
+        let port = url.rsplit(':').next().unwrap().parse().unwrap();
+        Agent {
+            child,
+            url,
+            port,
+            dir: dir.to_path_buf(),
+            stdout: rx,
+        }
+    }
+
+    /// SIGKILL: no goodbye, no last save.
+    fn kill9(mut self) -> (PathBuf, u16) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        (self.dir.clone(), self.port)
+    }
+
+    /// SIGTERM, then wait for a graceful exit.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not stop within 10 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn roster(&self, args: &[&str]) -> Output {
+        roster(&[args, &["--agent", &self.url]].concat())
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.roster(&[args, &["--json"]].concat());
+        assert!(
+            out.status.success(),
+            "roster {args:?} failed: {}",
+            text(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn instances(&self, service: &str) -> Vec<Value> {
+        let out = self.roster(&["get", service, "--json"]);
+        match out.status.code() {
+            Some(0) => serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap(),
+            Some(1) => Vec::new(),
+            other => panic!("roster get: exit {other:?}: {}", text(&out.stderr)),
+        }
+    }
+
+    /// Lines the agent printed after its start.
+    #[allow(dead_code)]
+    fn printed(&self) -> Vec<String> {
+        self.stdout.try_iter().collect()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `roster watch` running in the background, its lines collected.
+struct Watcher {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    fn start(agent: &Agent, service: &str) -> Watcher {
+        let mut child = Command::new(BIN)
+            .args(["watch", service, "--json", "--agent", &agent.url])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watcher { child, lines: rx }
+    }
+
+    /// The next event within `wait`.
+    fn next(&self, wait: Duration) -> Option<Value> {
+        self.lines
+            .recv_timeout(wait)
+            .ok()
+            .map(|l| serde_json::from_str(&l).unwrap())
+    }
+
+    /// Every event within `wait`.
+    fn all(&self, wait: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        while let Some(e) = self.next(deadline.saturating_duration_since(Instant::now())) {
+            out.push(e);
+        }
+        out
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn roster(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("ROSTER_AGENT")
+        .env_remove("ROSTER_CLUSTER_SECRET_FILE")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim().to_string()
+}
+
+/// Polls `f` every 20 ms until it holds or `limit` passes; returns how long it took.
+fn within(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn cluster(root: &Path) -> (Agent, Agent, Agent) {
+    let a = Agent::start(&root.join("a"), "a", &[]);
+    let b = Agent::start(&root.join("b"), "b", &["--join", &a.url]);
+    let c = Agent::start(&root.join("c"), "c", &["--join", &a.url]);
+    for x in [&a, &b, &c] {
+        within(Duration::from_secs(10), "every agent lists three members", || {
+            x.json(&["members"]).as_array().unwrap().len() == 3
+        });
+    }
+    (a, b, c)
+}
+
+#[test]
+fn a_registration_on_one_agent_reaches_the_others_and_is_pushed_to_a_watch() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b, c) = cluster(root.path());
+    let watch = Watcher::start(&c, "web");
+    // Nothing registered yet: the watch is quiet.
+    assert!(watch.next(Duration::from_millis(300)).is_none());
+
+    let out = a.roster(&[
+        "register",
+        "web",
+        "127.0.0.1:8080",
+        "--meta",
+        "zone=a",
+        "--id",
+        "web-1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "web-1");
+    for x in [&b, &c] {
+        within(
+            Duration::from_secs(2),
+            "the registration shows on the other agents",
+            || x.instances("web").len() == 1,
+        );
+    }
+    let got = &b.instances("web")[0];
+    assert_eq!(got["instance"], "web-1");
+    assert_eq!(got["address"], "127.0.0.1:8080");
+    assert_eq!(got["meta"]["zone"], "a");
+    assert!(got["registered_at"].as_str().unwrap().ends_with('Z'));
+    assert!(got["lease_expires_at"].as_str().unwrap().ends_with('Z'));
+
+    let up = watch.next(Duration::from_secs(2)).expect("the watch hears of it");
+    assert_eq!(up["event"], "up");
+    assert_eq!(up["service"], "web");
+    assert_eq!(up["instance"], "web-1");
+    assert_eq!(up["address"], "127.0.0.1:8080");
+
+    let ls = a.json(&["ls"]);
+    assert_eq!(ls, serde_json::json!([{"service": "web", "instances": 1}]));
+
+    let out = a.roster(&["deregister", "web", "web-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let down = watch
+        .next(Duration::from_secs(2))
+        .expect("the watch hears of the removal");
+    assert_eq!(down["event"], "down");
+    assert_eq!(down["instance"], "web-1");
+    assert_eq!(down["address"], "127.0.0.1:8080");
+    within(Duration::from_secs(2), "the removal reaches b", || {
+        b.instances("web").is_empty()
+    });
+}
+
+#[test]
+fn an_agent_killed_and_restarted_on_its_data_dir_resumes_and_peers_see_only_updates() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b, c) = cluster(root.path());
+    let out = b.roster(&["register", "api", "127.0.0.1:9000", "--id", "api-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    within(Duration::from_secs(2), "a sees b's registration", || {
+        a.instances("api").len() == 1
+    });
+    let before = a.instances("api")[0]["registered_at"].clone();
+    let watch = Watcher::start(&a, "api");
+    assert_eq!(watch.next(Duration::from_secs(2)).unwrap()["event"], "up");
+
+    let (dir, port) = b.kill9();
+    let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &["--join", &a.url]);
+    // Its own registration is back at once, from disk.
+    assert_eq!(b.instances("api").len(), 1);
+    // Peers see it updated (written again under the same id), never removed and re-added,
+    // through and past the old lease.
+    within(
+        Duration::from_secs(3),
+        "a sees the rewritten registration",
+        || {
+            a.instances("api")
+                .first()
+                .is_some_and(|i| i["registered_at"] != before)
+        },
+    );
+    let events = watch.all(Duration::from_secs(4));
+    assert!(
+        events.iter().all(|e| e["event"] == "up"),
+        "a peer saw the restarted agent's registration go down: {events:?}"
+    );
+    assert!(!events.is_empty(), "the rewrite reaches the watch as an update");
+    assert_eq!(a.instances("api").len(), 1);
+    assert_eq!(c.instances("api").len(), 1);
+}
+
+#[test]
+fn a_restarted_agent_has_its_registrations_and_replica_before_it_talks_to_a_peer() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &["--lease-ttl", "20s"]);
+    let b = Agent::start(
+        &root.path().join("b"),
+        "b",
+        &["--join", &a.url, "--lease-ttl", "20s"],
+    );
+    assert!(a
+        .roster(&["register", "db", "127.0.0.1:5432", "--id", "db-1"])
+        .status
+        .success());
+    assert!(b
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "web-1"])
+        .status
+        .success());
+    within(Duration::from_secs(2), "b holds a's registration", || {
+        b.instances("db").len() == 1
+    });
+    // Let b's saver commit what it learnt (it batches for 100 ms).
+    std::thread::sleep(Duration::from_millis(500));
+    drop(a.kill9());
+    let (dir, port) = b.kill9();
+
+    // b alone, nobody to join: everything it held is back from disk.
+    let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &["--lease-ttl", "20s"]);
+    assert_eq!(b.instances("web").len(), 1, "its own registration");
+    assert_eq!(b.instances("db").len(), 1, "the replica: a peer's registration");
+    let status = b.json(&["status"]);
+    assert_eq!(status["peers"], serde_json::json!([]));
+    assert_eq!(status["counters"]["frames_received"], 0);
+    assert_eq!(status["launches_recent"], 2);
+}
+
+#[test]
+fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b, c) = cluster(root.path());
+    assert!(c
+        .roster(&["register", "job", "127.0.0.1:7000", "--id", "job-1"])
+        .status
+        .success());
+    for x in [&a, &b] {
+        within(Duration::from_secs(2), "the registration spreads", || {
+            x.instances("job").len() == 1
+        });
+    }
+    drop(c.kill9());
+    // The lease (3 s) was renewed at most a third of it before the kill; a read hides an
+    // instance whose lease ended. One gossip round (100 ms) and a second of slack for a
+    // busy machine.
+    for x in [&a, &b] {
+        within(
+            Duration::from_millis(3_000 + 100 + 1_000),
+            "the dead agent's registration disappears",
+            || x.instances("job").is_empty(),
+        );
+    }
+}
+
+#[test]
+fn a_gracefully_stopped_agent_takes_its_registrations_along_and_brings_them_back() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    assert!(b
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "web-1"])
+        .status
+        .success());
+    within(Duration::from_secs(2), "a sees it", || {
+        a.instances("web").len() == 1
+    });
+    let port = b.port;
+    let dir = b.dir.clone();
+    let status = b.terminate();
+    assert!(status.success(), "a graceful stop exits 0: {status:?}");
+    within(
+        Duration::from_secs(1),
+        "peers drop a leaving agent's registrations at once",
+        || a.instances("web").is_empty(),
+    );
+    let _b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &["--join", &a.url]);
+    within(
+        Duration::from_secs(3),
+        "its registrations come back with it",
+        || a.instances("web").len() == 1,
+    );
+}
+
+#[test]
+fn a_registration_with_a_ttl_ends_when_it_is_not_registered_again() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    assert!(a
+        .roster(&["register", "batch", "127.0.0.1:1", "--ttl", "1s"])
+        .status
+        .success());
+    assert_eq!(a.instances("batch").len(), 1);
+    within(
+        Duration::from_secs(3),
+        "the registration ends after its ttl",
+        || a.instances("batch").is_empty(),
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let big = format!("k={}", "x".repeat(5_000));
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["register", "Bad Name", "127.0.0.1:80"],
+            2,
+            "invalid service name",
+        ),
+        (vec!["register", "web", "no-port"], 2, "invalid address"),
+        (vec!["register", "web", "127.0.0.1:99999"], 2, "invalid address"),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--meta", &big],
+            2,
+            "metadata",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--meta", "novalue"],
+            2,
+            "KEY=VALUE",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--id", "a/b"],
+            2,
+            "provider id",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--ttl", "soon"],
+            2,
+            "durations",
+        ),
+        (vec!["register", "roster", "127.0.0.1:80"], 2, "reserved"),
+        (vec!["register", "web"], 2, "ADDRESS"),
+        (vec!["get", "web", "--frobnicate"], 2, "--frobnicate"),
+        (vec!["get", "web"], 1, "no live instances of web"),
+        (vec!["deregister", "web", "web-9"], 1, "owns no instance"),
+        (vec!["explain", "web", "web-9"], 1, "no registration"),
+    ];
+    for (args, code, needle) in cases {
+        let out = a.roster(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "roster {args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "roster {args:?}: {err:?} does not say {needle:?}"
+        );
+        if code == 1 {
+            assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+            assert!(err.starts_with("roster: error: "), "{err:?}");
+        }
+    }
+    assert_eq!(a.json(&["ls"]), serde_json::json!([]));
+
+    // Bad agent flags stop it before it starts.
+    for (args, needle) in [
+        (vec!["agent", "--gossip-interval", "fast"], "durations"),
+        (
+            vec!["agent", "--fanout", "0", "--data-dir", "/tmp/roster-never"],
+            "fanout",
+        ),
+        (
+            vec!["agent", "--join", "http://x:1", "--data-dir", "/tmp/roster-never"],
+            "join URL",
+        ),
+        (
+            vec![
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster-secret-file",
+                "/nonexistent",
+            ],
+            "secret file",
+        ),
+    ] {
+        let out = roster(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "roster {args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(needle),
+            "roster {args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
+    // A port nothing listens on: bind one, note it, release it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("ws://127.0.0.1:{port}");
+    let out = roster(&["ls", "--agent", &url]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(err.contains(&url) && err.contains("roster agent"), "{err}");
+    // ROSTER_AGENT is the flag's variable.
+    let out = Command::new(BIN)
+        .args(["ls"])
+        .env("ROSTER_AGENT", &url)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains(&url));
+}
+
+#[test]
+fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = root.path().join("roster.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\nnode-name = \"from-file\"\ngossip-interval = \"200ms\"\ndata-dir = \"{}\"\n",
+            root.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let start = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("agent").args(args).arg("--config").arg(&cfg);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        first
+    };
+    let first = start(&[], &[]);
+    assert!(first.contains("node from-file"), "{first}");
+    assert!(start(&[("ROSTER_NODE_NAME", "from-env")], &[]).contains("node from-env"));
+    assert!(
+        start(&[("ROSTER_NODE_NAME", "from-env")], &["--node-name", "from-flag"]).contains("node from-flag")
+    );
+
+    std::fs::write(&cfg, "listen = \"127.0.0.1:0\"\ngossip-intervall = \"1s\"\n").unwrap();
+    let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("line 2") && err.contains("gossip-intervall"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let _a = Agent::start(&dir, "a", &[]);
+    let out = roster(&[
+        "agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("roster.redb") && err.contains("in use"), "{err}");
+
+    let bad = root.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("roster.redb"), vec![0x5a; 8192]).unwrap();
+    let out = roster(&[
+        "agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("roster.redb") && err.contains("move it aside"),
+        "{err}"
+    );
+}
+
+#[test]
+fn status_members_explain_and_sync_answer_in_json() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &["--sync-min-interval", "1h"]);
+    let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    within(Duration::from_secs(5), "b is connected", || {
+        b.json(&["status"])["peers"].as_array().unwrap().len() == 1
+    });
+    let s = b.json(&["status"]);
+    for k in [
+        "node",
+        "name",
+        "version",
+        "uptime_ms",
+        "peers",
+        "launches_recent",
+        "crash_guard",
+        "counters",
+    ] {
+        assert!(s.get(k).is_some(), "status has {k}: {s}");
+    }
+    for k in [
+        "connections_opened",
+        "connections_accepted",
+        "frames_sent",
+        "bytes_sent",
+        "frames_received",
+        "bytes_received",
+        "deltas_applied",
+        "full_syncs_sent",
+        "full_syncs_received",
+    ] {
+        assert!(s["counters"][k].is_u64(), "counters has {k}: {s}");
+    }
+    assert_eq!(s["name"], "b");
+    assert_eq!(s["crash_guard"], false);
+
+    within(Duration::from_secs(5), "a lists b as a live member", || {
+        a.json(&["members"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == "b")
+    });
+    let m = a.json(&["members"]);
+    let names: Vec<&str> = m
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["a", "b"]);
+    assert!(m
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x["state"] == "alive" && x["last_heard_ms"].is_u64()));
+
+    assert!(b
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w"])
+        .status
+        .success());
+    let x = b.json(&["explain", "web", "w"]);
+    assert_eq!(x["live"], true);
+    assert_eq!(x["writes"][0]["node_name"], "b");
+    within(
+        Duration::from_secs(40),
+        "a acknowledges the write in a digest",
+        || {
+            let _ = a.roster(&["sync"]);
+            !b.json(&["explain", "web", "w"])["acknowledged_by"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+                || !a.json(&["explain", "web", "w"])["acknowledged_by"]
+                    .as_array()
+                    .unwrap()
+                    .is_empty()
+        },
+    );
+
+    // A manual sync runs once per --sync-min-interval; the throttle outlives a restart.
+    let (dir, port) = a.kill9();
+    let a = Agent::start_on(
+        &dir,
+        "a",
+        &format!("127.0.0.1:{port}"),
+        &["--sync-min-interval", "1h"],
+    );
+    let out = a.roster(&["sync"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("next may run in"),
+        "{}",
+        text(&out.stderr)
+    );
+}
