@@ -229,6 +229,7 @@ pub struct NodeBuilder {
     lease_ttl: Duration,
     sync_min_interval: Duration,
     serve_clients: bool,
+    client_auth_always: bool,
 }
 
 impl Default for NodeBuilder {
@@ -247,6 +248,7 @@ impl Default for NodeBuilder {
             lease_ttl: DEFAULT_LEASE_TTL,
             sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
             serve_clients: false,
+            client_auth_always: false,
         }
     }
 }
@@ -339,6 +341,14 @@ impl NodeBuilder {
     #[must_use]
     pub fn serve_clients(mut self, yes: bool) -> Self {
         self.serve_clients = yes;
+        self
+    }
+
+    /// Whether clients on loopback must prove the cluster secret too (default: only
+    /// clients elsewhere must). Has effect only with a secret.
+    #[must_use]
+    pub fn require_client_auth(mut self, always: bool) -> Self {
+        self.client_auth_always = always;
         self
     }
 
@@ -468,7 +478,7 @@ impl NodeBuilder {
         let window = now.saturating_sub(millis(LAUNCH_WINDOW));
         let inner = Arc::new(Inner {
             handle,
-            store,
+            store: std::sync::Mutex::new(store.clone()),
             data_dir: self.data_dir.clone(),
             cancel,
             tasks: TaskTracker::new(),
@@ -478,14 +488,13 @@ impl NodeBuilder {
             launches_recent: launches.iter().filter(|t| **t >= window).count() as u64,
             owned: Mutex::new(owned_map),
             secret,
+            client_auth_always: self.client_auth_always,
         });
         let node = Node { inner };
-        if let Some(store) = &node.inner.store {
-            node.inner.tasks.spawn(saver(
-                node.inner.handle.clone(),
-                Arc::clone(store),
-                node.inner.cancel.clone(),
-            ));
+        if let Some(store) = store {
+            node.inner
+                .tasks
+                .spawn(saver(node.inner.handle.clone(), store, node.inner.cancel.clone()));
         }
         node.inner
             .tasks
@@ -510,7 +519,8 @@ pub struct Node {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) handle: Handle,
-    store: Option<Arc<Store>>,
+    /// Taken at shutdown, so the database closes with the node.
+    store: std::sync::Mutex<Option<Arc<Store>>>,
     data_dir: Option<PathBuf>,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -521,6 +531,7 @@ pub(crate) struct Inner {
     /// Own registrations by store key; the lock orders writes (disk, then the node).
     owned: Mutex<BTreeMap<String, OwnedRecord>>,
     pub(crate) secret: Option<Secret>,
+    pub(crate) client_auth_always: bool,
 }
 
 /// Saves the replica after changes, in batches (group commit).
@@ -576,6 +587,12 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
                 warn!(service, instance, "could not deregister: {e}");
             }
         }
+    }
+}
+
+impl Inner {
+    fn store(&self) -> Option<Arc<Store>> {
+        self.store.lock().ok().and_then(|s| s.clone())
     }
 }
 
@@ -694,8 +711,10 @@ impl Node {
     async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
         let (service, provider, endpoint, meta) = rec.parts().map_err(Error::Invalid)?;
         let mut owned = self.inner.owned.lock().await;
-        if let Some(store) = &self.inner.store {
-            let store = Arc::clone(store);
+        if self.is_stopped() {
+            return Err(Error::Stopped);
+        }
+        if let Some(store) = self.inner.store() {
             let counter = self.inner.handle.replica().counter();
             let r = rec.clone();
             tokio::task::spawn_blocking(move || store.put_owned(&r, counter))
@@ -709,7 +728,7 @@ impl Node {
             .register(service, provider, endpoint, meta, ttl)
             .await
         {
-            if let Some(store) = &self.inner.store {
+            if let Some(store) = self.inner.store() {
                 let _ = store.remove_owned(&rec.service, &rec.instance, now_ms());
             }
             return Err(e.into());
@@ -731,8 +750,7 @@ impl Node {
                 "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
             )));
         }
-        if let Some(store) = &self.inner.store {
-            let store = Arc::clone(store);
+        if let Some(store) = self.inner.store() {
             let (s, i) = (service.to_string(), instance.to_string());
             tokio::task::spawn_blocking(move || store.remove_owned(&s, &i, now_ms()))
                 .await
@@ -980,7 +998,8 @@ impl Node {
     /// [`Error::Throttled`] with when it may run next; [`Error::Stopped`].
     pub async fn sync(&self) -> Result<bool, Error> {
         let now = now_ms();
-        let last = match &self.inner.store {
+        let store = self.inner.store();
+        let last = match &store {
             Some(store) => store.last_run("sync")?,
             None => None,
         };
@@ -1002,7 +1021,7 @@ impl Node {
                 });
             }
         }
-        if let Some(store) = &self.inner.store {
+        if let Some(store) = &store {
             store.set_last_run("sync", now)?;
         }
         Ok(self.inner.handle.sync_now().await?)
@@ -1020,9 +1039,9 @@ impl Node {
         self.inner.cancel.cancel();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
-        if let Some(store) = &self.inner.store {
+        let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
+        if let Some(store) = store {
             let replica = self.inner.handle.replica();
-            let store = Arc::clone(store);
             tokio::task::spawn_blocking(move || store.save_replica(&replica, true))
                 .await
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;

@@ -97,7 +97,7 @@ fn from_error(e: Error) -> ServerMessage {
 async fn open(node: &Node, ws: &mut Ws, loopback: bool) -> Result<Request, String> {
     let mut nonce = [0u8; NONCE_LEN];
     getrandom::fill(&mut nonce).map_err(|e| format!("no random nonce: {e}"))?;
-    let auth_required = node.inner.secret.is_some() && !loopback;
+    let auth_required = node.inner.secret.is_some() && (node.inner.client_auth_always || !loopback);
     let hello = ServerHello {
         node: node.id(),
         name: node.name().to_string(),

@@ -26,3 +26,6 @@ mod transport_sim;
 
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
+
+/// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
+mod node_api;

@@ -92,6 +92,9 @@ pub(super) struct NodeTask {
     published_ctx: CausalContext,
     snapshot_interval: Duration,
     stopping: bool,
+    /// Change events waiting for the snapshot that shows them: a subscriber that reads
+    /// the replica on an event always finds the change there.
+    events_due: Vec<Change>,
 }
 
 impl NodeTask {
@@ -117,6 +120,7 @@ impl NodeTask {
             published_ctx,
             snapshot_interval: SNAPSHOT_INTERVAL,
             stopping: false,
+            events_due: Vec::new(),
         }
     }
 
@@ -296,8 +300,7 @@ impl NodeTask {
                 }
                 Output::Event(change) => {
                     self.dirty = true;
-                    // No subscriber is fine; a lagging one learns it from its receiver.
-                    let _ = self.publish.changes.send(change);
+                    self.events_due.push(change);
                 }
             }
         }
@@ -325,6 +328,10 @@ impl NodeTask {
         let replica = self.node.replica();
         self.published_ctx = replica.context().clone();
         self.publish.replica.send_replace(Arc::new(replica.clone()));
+        // No subscriber is fine; a lagging one learns it from its receiver.
+        for change in self.events_due.drain(..) {
+            let _ = self.publish.changes.send(change);
+        }
         self.published = Instant::now();
         let cost = self.published.saturating_duration_since(started);
         self.snapshot_interval = (cost * SNAPSHOT_COST_FACTOR).max(SNAPSHOT_INTERVAL);

@@ -1,0 +1,199 @@
+//! The embedded API as a service uses it: `roster::Node` on loopback.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use roster::api::{Request, ServerMessage};
+use roster::client::{Client, ClientError};
+use roster::transport::handshake::Secret;
+use roster::{Event, Node, Service};
+use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+const SECRET: &[u8] = b"sixteen-bytes-or-more-secret";
+
+async fn node(dir: Option<&std::path::Path>, join: &[String]) -> Node {
+    let mut b = Node::builder()
+        .listen("127.0.0.1:0")
+        .join(join.iter().cloned())
+        .gossip_interval(Duration::from_millis(100))
+        .lease_ttl(Duration::from_secs(3));
+    if let Some(d) = dir {
+        b = b.data_dir(d);
+    }
+    b.start().await.unwrap()
+}
+
+async fn next_event(w: &mut roster::Watch) -> Event {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("the watch is open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_is_found_watched_and_dropping_its_handle_deregisters_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(Some(dir.path()), &[]).await;
+    let b = node(None, &[a.url().to_string()]).await;
+    let mut changes = b.watch("web");
+
+    let reg = a
+        .register(
+            Service::new("web", "127.0.0.1:8080")
+                .meta("zone", "a")
+                .id("web-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reg.id(), "web-1");
+    // Read-your-writes on the registering node, at once.
+    assert_eq!(a.lookup("web").len(), 1);
+    match next_event(&mut changes).await {
+        Event::Up(i) => {
+            assert_eq!((i.id.as_str(), i.address.as_str()), ("web-1", "127.0.0.1:8080"));
+            assert_eq!(i.meta.get("zone").map(String::as_str), Some("a"));
+            assert_eq!(i.node, a.id());
+        }
+        other => panic!("expected up, got {other:?}"),
+    }
+    let found = b.lookup("web");
+    assert_eq!(found.len(), 1);
+    assert_eq!(b.services(), vec![("web".to_string(), 1)]);
+
+    drop(reg);
+    match next_event(&mut changes).await {
+        Event::Down { service, id } => assert_eq!((service.as_str(), id.as_str()), ("web", "web-1")),
+        other => panic!("expected down, got {other:?}"),
+    }
+    assert!(b.lookup("web").is_empty());
+    // A watch started now sees the current instances first.
+    let again = a
+        .register(Service::new("web", "127.0.0.1:8081").id("web-2"))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while b.lookup("web").is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let mut late = b.watch("web");
+    assert!(matches!(next_event(&mut late).await, Event::Up(i) if i.id == "web-2"));
+    again.deregister().await.unwrap();
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_resumes_its_identity_and_registrations_from_its_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(Some(dir.path()), &[]).await;
+    let id = a.id();
+    let instance = a
+        .register_owned(Service::new("db", "127.0.0.1:5432"))
+        .await
+        .unwrap();
+    let kept = a.register(Service::new("cache", "127.0.0.1:6379")).await.unwrap();
+    kept.keep();
+    let gone = a.register(Service::new("tmp", "127.0.0.1:1")).await.unwrap();
+    gone.deregister().await.unwrap();
+    a.shutdown().await.unwrap();
+
+    let a = node(Some(dir.path()), &[]).await;
+    assert_eq!(a.id(), id, "the identity survives a restart");
+    let dbs = a.lookup("db");
+    assert_eq!(dbs.len(), 1);
+    assert_eq!(dbs[0].id, instance);
+    assert_eq!(a.lookup("cache").len(), 1, "a kept registration comes back");
+    assert!(a.lookup("tmp").is_empty(), "a deregistered one does not");
+    a.deregister("db", &instance).await.unwrap();
+    assert!(matches!(
+        a.deregister("db", &instance).await,
+        Err(roster::Error::NotFound(_))
+    ));
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_to_register_is_refused_and_changes_nothing() {
+    let a = node(None, &[]).await;
+    for s in [
+        Service::new("Not Valid", "127.0.0.1:1"),
+        Service::new("web", "nohost"),
+        Service::new("web", "127.0.0.1:1").meta("k", "v".repeat(5_000)),
+        Service::new("web", "127.0.0.1:1").id("has space"),
+        Service::new("roster", "127.0.0.1:1"),
+        Service::new("web", "127.0.0.1:1").ttl(Duration::from_millis(10)),
+    ] {
+        let r = a.register(s.clone()).await;
+        assert!(matches!(r, Err(roster::Error::Invalid(_))), "{s:?}: {r:?}");
+    }
+    assert!(a.services().is_empty());
+    assert!(matches!(
+        Node::builder().listen("127.0.0.1:0").fanout(0).start().await,
+        Err(roster::Error::Invalid(_))
+    ));
+    assert!(matches!(
+        Node::builder()
+            .listen("127.0.0.1:0")
+            .join(["http://x:1"])
+            .start()
+            .await,
+        Err(roster::Error::Invalid(_))
+    ));
+    assert!(matches!(
+        Node::builder()
+            .listen("127.0.0.1:0")
+            .cluster_secret("short")
+            .start()
+            .await,
+        Err(roster::Error::Invalid(_))
+    ));
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .cluster_secret(SECRET)
+        .serve_clients(true)
+        .require_client_auth(true)
+        .start()
+        .await
+        .unwrap();
+    let url = a.url().to_string();
+    let no = Client::connect(&url, None).await.unwrap_err();
+    assert!(matches!(no, ClientError::Unauthorized { .. }), "{no}");
+    assert!(no.to_string().contains("--cluster-secret-file"), "{no}");
+    let wrong = Secret::new(b"another-secret-of-enough-bytes".to_vec()).unwrap();
+    let bad = Client::connect(&url, Some(&wrong)).await.unwrap_err();
+    assert!(matches!(bad, ClientError::Unauthorized { .. }), "{bad}");
+
+    // Garbage after the upgrade: the agent cuts that client and keeps serving.
+    let req = ClientRequestBuilder::new(url.parse().unwrap())
+        .with_sub_protocol(roster::transport::driver::CLIENT_SUBPROTOCOL);
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let _hello = ws.next().await;
+    ws.send(WsMessage::binary(vec![0xff; 100])).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(WsMessage::Close(_))) => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the agent closes a client that sent garbage");
+
+    let right = Secret::new(SECRET.to_vec()).unwrap();
+    let mut c = Client::connect(&url, Some(&right)).await.unwrap();
+    assert_eq!(
+        c.request(Request::Services).await.unwrap(),
+        ServerMessage::Services(vec![])
+    );
+    a.shutdown().await.unwrap();
+}
