@@ -91,6 +91,8 @@ pub(super) struct NodeTask {
     published: Instant,
     published_ctx: CausalContext,
     snapshot_interval: Duration,
+    /// What the last snapshot cost to copy.
+    snapshot_cost: Duration,
     stopping: bool,
     /// Change events waiting for the snapshot that shows them: a subscriber that reads
     /// the replica on an event always finds the change there.
@@ -119,6 +121,7 @@ impl NodeTask {
             published: Instant::now(),
             published_ctx,
             snapshot_interval: SNAPSHOT_INTERVAL,
+            snapshot_cost: Duration::ZERO,
             stopping: false,
             events_due: Vec::new(),
         }
@@ -130,7 +133,14 @@ impl NodeTask {
         loop {
             self.flush();
             let now = Instant::now();
-            let publish_at = self.dirty.then_some(self.published + self.snapshot_interval);
+            // Events wait for the snapshot that shows them, but only as long as copying
+            // takes a tenth of the time; other changes are batched for the full interval.
+            let spacing = if self.events_due.is_empty() {
+                self.snapshot_interval
+            } else {
+                self.snapshot_cost * SNAPSHOT_COST_FACTOR
+            };
+            let publish_at = self.dirty.then_some(self.published + spacing);
             if publish_at.is_some_and(|t| t <= now) {
                 self.publish_replica();
             }
@@ -334,6 +344,7 @@ impl NodeTask {
         }
         self.published = Instant::now();
         let cost = self.published.saturating_duration_since(started);
+        self.snapshot_cost = cost;
         self.snapshot_interval = (cost * SNAPSHOT_COST_FACTOR).max(SNAPSHOT_INTERVAL);
         self.dirty = false;
     }
