@@ -380,7 +380,7 @@ fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() 
             x.instances("job").len() == 1
         });
     }
-    drop(c.kill9());
+    let (_, c_port) = c.kill9();
     // The lease (3 s) was renewed at most a third of it before the kill; a read hides an
     // instance whose lease ended. One gossip round (100 ms) and a second of slack for a
     // busy machine.
