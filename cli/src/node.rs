@@ -857,7 +857,7 @@ impl Node {
             }
             out.push(MemberView {
                 node: id,
-                name: String::new(),
+                name: p.name.unwrap_or_default(),
                 address: p.url.unwrap_or_default(),
                 state: "gone".to_string(),
                 last_heard_ms: now.saturating_sub(p.last_seen_ms),

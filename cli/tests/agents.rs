@@ -391,6 +391,15 @@ fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() 
             || x.instances("job").is_empty(),
         );
     }
+    // And `members` shows the dead agent as gone.
+    let c_url = format!(":{c_port}");
+    within(Duration::from_secs(3), "a lists c as gone", || {
+        a.json(&["members"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["state"] == "gone" && m["address"].as_str().is_some_and(|u| u.ends_with(&c_url)))
+    });
 }
 
 #[test]

@@ -72,9 +72,10 @@ impl Node {
         let live: BTreeSet<ReplicaId> = self
             .members(now_ms)
             .into_iter()
-            .map(|(id, url, _)| {
+            .map(|(id, url, name)| {
                 let p = self.peers.entry(id).or_default();
                 p.url = Some(url);
+                p.name = Some(name);
                 p.last_seen_ms = now_ms;
                 id
             })
@@ -202,7 +203,12 @@ impl Node {
             return false;
         }
         self.counters.connections += 1;
-        self.peers.entry(peer.id).or_default();
+        let p = self.peers.entry(peer.id).or_default();
+        // Remembered to name it in `members` after it leaves. Not as a URL to dial again:
+        // that comes from its membership, and a seed's own backoff covers the rest.
+        p.advertised = Some(peer.url.clone());
+        p.name = Some(peer.name.clone());
+        p.last_seen_ms = now_ms;
         // Each side says what it has seen; the other answers with what is missing.
         self.send(conn, Message::digest(self.replica.context(), false), now_ms);
         true

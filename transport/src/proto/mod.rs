@@ -241,6 +241,10 @@ struct Peer {
     /// Its URL, kept after it stops being a live member, to try it again later (a
     /// partition that outlived its lease must still heal).
     url: Option<String>,
+    /// Its name, as last known.
+    name: Option<String>,
+    /// The URL it advertised when it connected (for people; dials use `url`).
+    advertised: Option<String>,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
 }
@@ -294,6 +298,8 @@ pub struct KnownPeer {
     pub id: ReplicaId,
     /// Its last known URL.
     pub url: Option<String>,
+    /// Its last known name.
+    pub name: Option<String>,
     /// When it was last a live member or connected (wall ms).
     pub last_seen_ms: u64,
     /// Whether a connection to it is open.
@@ -592,7 +598,8 @@ impl Node {
             .iter()
             .map(|(id, p)| KnownPeer {
                 id: *id,
-                url: p.url.clone(),
+                url: p.url.clone().or_else(|| p.advertised.clone()),
+                name: p.name.clone(),
                 last_seen_ms: p.last_seen_ms,
                 connected: connected.contains(id),
             })
