@@ -221,9 +221,19 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     if let Some(c) = cluster {
         b = b.cluster(c);
     }
-    let node = b.start().await.map_err(|e| match e {
-        roster::Error::Invalid(m) => Fail::usage(m),
-        other => Fail::failed(other.to_string()),
+    let node = b.start().await.map_err(|e| {
+        use roster::transport::driver::StartError;
+        match e {
+            roster::Error::Invalid(m) => Fail::usage(m),
+            roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
+                "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
+                 pass --cluster-secret-file FILE, or --listen 127.0.0.1:PORT"
+            )),
+            roster::Error::Start(e @ (StartError::Config(_) | StartError::Node(_) | StartError::Tls(_))) => {
+                Fail::usage(format!("{e}; check --advertise, --node-name and --cluster"))
+            }
+            other => Fail::failed(other.to_string()),
+        }
     })?;
     println!(
         "roster agent {}: node {} ({})",

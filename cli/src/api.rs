@@ -172,7 +172,7 @@ pub struct PeerView {
 pub struct CountersView {
     /// Dials made.
     pub connections_opened: u64,
-    /// Inbound connections accepted.
+    /// Inbound connections from peers accepted (clients not counted).
     pub connections_accepted: u64,
     /// WebSocket frames sent to peers.
     pub frames_sent: u64,

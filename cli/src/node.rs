@@ -912,7 +912,10 @@ impl Node {
             instances: services.iter().map(|(_, n)| *n as u64).sum(),
             counters: CountersView {
                 connections_opened: c.protocol.dials,
-                connections_accepted: c.driver.inbound_accepted,
+                connections_accepted: c
+                    .driver
+                    .inbound_accepted
+                    .saturating_sub(c.driver.clients_accepted),
                 frames_sent: c.driver.frames_sent,
                 bytes_sent: c.driver.bytes_sent,
                 frames_received: c.driver.frames_received,

@@ -430,10 +430,9 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
                 path: path.to_path_buf(),
             }
         }
-        redb::DatabaseError::UpgradeRequired(v) => StoreError::Incompatible {
+        redb::DatabaseError::UpgradeRequired(v) => StoreError::Corrupt {
             path: path.to_path_buf(),
-            found: u32::from(v),
-            expected: STORE_FORMAT,
+            why: format!("written by an older storage engine (redb file format {v})"),
         },
         redb::DatabaseError::Storage(redb::StorageError::Io(io))
             if io.kind() == std::io::ErrorKind::InvalidData =>

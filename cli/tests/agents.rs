@@ -503,6 +503,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
     assert_eq!(a.json(&["ls"]), serde_json::json!([]));
 
     // Bad agent flags stop it before it starts.
+    let never = root.path().join("never").display().to_string();
     for (args, needle) in [
         (vec!["agent", "--gossip-interval", "fast"], "durations"),
         (
@@ -522,6 +523,22 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 "/nonexistent",
             ],
             "secret file",
+        ),
+        (
+            vec!["agent", "--listen", "0.0.0.0:0", "--data-dir", &never],
+            "--cluster-secret-file",
+        ),
+        (
+            vec![
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--advertise",
+                "nowhere",
+                "--data-dir",
+                &never,
+            ],
+            "--advertise",
         ),
     ] {
         let out = roster(&args);

@@ -643,6 +643,7 @@ async fn accept_over(
         }
         (ws, None) => {
             if let Some(clients) = &shared.clients {
+                bump(&shared.counts.clients_accepted);
                 let conn = ClientConn {
                     ws,
                     peer: addr,

@@ -91,8 +91,10 @@ impl Limits {
 /// How often the driver refused or cut a peer, by reason. Each count is also a log line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DriverCounters {
-    /// Inbound connections taken up (before the handshake).
+    /// Inbound connections taken up (before the handshake), peers and clients.
     pub inbound_accepted: u64,
+    /// Of those, client connections handed to the application.
+    pub clients_accepted: u64,
     /// Inbound connections dropped at once because `max_inbound` were already open.
     pub inbound_over_cap: u64,
     /// Connections that did not authenticate within the handshake timeout.
@@ -130,6 +132,7 @@ pub struct DriverCounters {
 #[derive(Debug, Default)]
 pub(super) struct Counts {
     pub inbound_accepted: AtomicU64,
+    pub clients_accepted: AtomicU64,
     pub inbound_over_cap: AtomicU64,
     pub handshake_timeouts: AtomicU64,
     pub handshakes_refused: AtomicU64,
@@ -156,6 +159,7 @@ impl Counts {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         DriverCounters {
             inbound_accepted: g(&self.inbound_accepted),
+            clients_accepted: g(&self.clients_accepted),
             inbound_over_cap: g(&self.inbound_over_cap),
             handshake_timeouts: g(&self.handshake_timeouts),
             handshakes_refused: g(&self.handshakes_refused),
