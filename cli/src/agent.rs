@@ -76,7 +76,7 @@ const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// The largest secret file read.
 const MAX_SECRET_BYTES: u64 = 4096;
 
-fn read_config(path: &Path) -> Result<FileConfig, Fail> {
+fn read_config(path: &Path) -> Result<(FileConfig, String), Fail> {
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| {
         Fail::usage(format!(
@@ -97,21 +97,44 @@ fn read_config(path: &Path) -> Result<FileConfig, Fail> {
     toml::from_str(&text).map_err(|e| {
         let what = e.message().lines().next().unwrap_or("invalid TOML").trim().to_string();
         // An unknown key's span is its table; point at the key itself.
-        let key_at = what
+        let line = what
             .strip_prefix("unknown field `")
             .and_then(|r| r.split('`').next())
-            .and_then(|k| text.find(k));
-        let at = key_at.or(e.span().map(|s| s.start)).unwrap_or(0);
-        let line = text[..at.min(text.len())].lines().count() + 1;
+            .and_then(|k| key_line(&text, k))
+            .unwrap_or_else(|| line_of(&text, e.span().map_or(0, |s| s.start)));
         Fail::usage(format!(
             "config file {shown}, line {line}: {what}; keys are the agent's flag names (listen, join, data-dir, ...)"
         ))
     })
+    .map(|config| (config, text))
 }
 
-fn file_duration(path: &Path, key: &str, v: Option<String>) -> Result<Option<Duration>, Fail> {
+/// The 1-based line of byte offset `at`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// The 1-based line where `key` is set (`key =` at the start of a line).
+fn key_line(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
+}
+
+fn file_duration(path: &Path, text: &str, key: &str, v: Option<String>) -> Result<Option<Duration>, Fail> {
     v.map(|s| {
-        parse_duration(&s).map_err(|e| Fail::usage(format!("config file {}: {key}: {e}", path.display())))
+        parse_duration(&s).map_err(|e| {
+            let line = key_line(text, key).unwrap_or(0);
+            Fail::usage(format!("config file {}, line {line}: {key}: {e}", path.display()))
+        })
     })
     .transpose()
 }
@@ -156,9 +179,9 @@ fn default_data_dir() -> Result<PathBuf, Fail> {
 
 /// Runs the agent until SIGINT or SIGTERM, then leaves gracefully.
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
-    let file = match &args.config {
+    let (file, text) = match &args.config {
         Some(p) => read_config(p)?,
-        None => FileConfig::default(),
+        None => (FileConfig::default(), String::new()),
     };
     let cfg_path = args.config.clone().unwrap_or_default();
     let listen = args
@@ -180,15 +203,15 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let fanout = args.fanout.or(file.fanout);
     let gossip = match args.gossip_interval {
         Some(d) => Some(d),
-        None => file_duration(&cfg_path, "gossip-interval", file.gossip_interval)?,
+        None => file_duration(&cfg_path, &text, "gossip-interval", file.gossip_interval)?,
     };
     let lease = match args.lease_ttl {
         Some(d) => Some(d),
-        None => file_duration(&cfg_path, "lease-ttl", file.lease_ttl)?,
+        None => file_duration(&cfg_path, &text, "lease-ttl", file.lease_ttl)?,
     };
     let sync_min = match args.sync_min_interval {
         Some(d) => Some(d),
-        None => file_duration(&cfg_path, "sync-min-interval", file.sync_min_interval)?,
+        None => file_duration(&cfg_path, &text, "sync-min-interval", file.sync_min_interval)?,
     };
     let cluster = args.cluster.or(file.cluster);
 
@@ -241,7 +264,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         node.name(),
         node.id()
     );
-    println!("listening on {}", node.url());
+    println!("listening on ws://{}", node.local_addr());
+    if node.url() != format!("ws://{}", node.local_addr()) {
+        println!("advertising {}", node.url());
+    }
     println!("data in {}", data_dir.display());
     if join.is_empty() {
         println!("joining nobody (no --join): waiting for peers to dial in");

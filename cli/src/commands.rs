@@ -12,6 +12,12 @@ use crate::output;
 use crate::{ClientArgs, Fail};
 
 async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
+    if !c.agent.starts_with("ws://") {
+        return Err(Fail::usage(format!(
+            "--agent {:?} is not ws://host:port (the CLI talks to its agent's listener in plain ws)",
+            c.agent
+        )));
+    }
     let secret = match &c.cluster_secret_file {
         Some(p) => Some(Secret::new(crate::agent::read_secret(p)?).map_err(|e| Fail::usage(e.to_string()))?),
         None => None,

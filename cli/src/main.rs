@@ -64,7 +64,7 @@ enum Command {
     Register {
         #[command(flatten)]
         client: ClientArgs,
-        /// The service name (DNS-like: letters, digits, '-', dots between labels).
+        /// The service name (DNS-like: lowercase letters, digits, '-', dots between labels).
         service: String,
         /// Where the instance listens, host:port.
         address: String,
@@ -141,7 +141,7 @@ pub struct ClientArgs {
     /// A file holding the cluster secret (needed when the agent is not on loopback).
     #[arg(long, value_name = "FILE", env = "ROSTER_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Print JSON instead of a table.
+    /// Print JSON (machine output) instead of text.
     #[arg(long)]
     pub json: bool,
 }

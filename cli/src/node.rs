@@ -411,6 +411,27 @@ impl NodeBuilder {
                 addr: self.listen.clone(),
                 source,
             })?;
+        // Refuse what the transport would refuse before the store records a launch.
+        let bound = listener.local_addr().map_err(|source| Error::Listen {
+            addr: self.listen.clone(),
+            source,
+        })?;
+        if secret.is_none() && !bound.ip().is_loopback() {
+            return Err(Error::Start(StartError::Unauthenticated { addr: bound }));
+        }
+        if bound.ip().is_unspecified() && self.advertise.is_none() {
+            return Err(Error::Invalid(format!(
+                "listening on {bound} needs --advertise ws://HOST:PORT: peers cannot dial {}",
+                bound.ip()
+            )));
+        }
+        if let Some(url) = &self.advertise {
+            if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
+                return Err(Error::Invalid(format!(
+                    "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
+                )));
+            }
+        }
         let new_id = ReplicaId(
             getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
         );
@@ -421,11 +442,18 @@ impl NodeBuilder {
                 let (store, loaded) = tokio::task::spawn_blocking(move || Store::open(&dir, new_id, now))
                     .await
                     .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
-                let owned: Vec<OwnedRecord> = loaded
+                let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
                     .owned
                     .into_iter()
-                    .filter(|r| r.expires_at_ms.is_none_or(|t| t > now))
-                    .collect();
+                    .partition(|r| r.expires_at_ms.is_none_or(|t| t > now));
+                for r in ended {
+                    info!(
+                        service = r.service,
+                        instance = r.instance,
+                        "its ttl passed while the node was down: deregistered"
+                    );
+                    store.remove_owned(&r.service, &r.instance, now)?;
+                }
                 (
                     Some(Arc::new(store)),
                     loaded.replica,
@@ -444,7 +472,9 @@ impl NodeBuilder {
             drop_unowned: store.is_some(),
         };
         let mut owned_map = BTreeMap::new();
-        for rec in owned {
+        for mut rec in owned {
+            // The lease of this run applies to what it registers again.
+            rec.lease_ttl_ms = millis(self.lease_ttl);
             match rec.parts() {
                 Ok((service, provider, endpoint, meta)) => {
                     resume.owned.push(OwnedRegistration {
@@ -489,6 +519,7 @@ impl NodeBuilder {
             owned: Mutex::new(owned_map),
             secret,
             client_auth_always: self.client_auth_always,
+            last_sync: std::sync::Mutex::new(None),
         });
         let node = Node { inner };
         if let Some(store) = store {
@@ -532,6 +563,8 @@ pub(crate) struct Inner {
     owned: Mutex<BTreeMap<String, OwnedRecord>>,
     pub(crate) secret: Option<Secret>,
     pub(crate) client_auth_always: bool,
+    /// The last manual sync, for a node without a data directory.
+    last_sync: std::sync::Mutex<Option<u64>>,
 }
 
 /// Saves the replica after changes, in batches (group commit).
@@ -1002,9 +1035,10 @@ impl Node {
     pub async fn sync(&self) -> Result<bool, Error> {
         let now = now_ms();
         let store = self.inner.store();
+        let in_memory = self.inner.last_sync.lock().ok().and_then(|l| *l);
         let last = match &store {
-            Some(store) => store.last_run("sync")?,
-            None => None,
+            Some(store) => store.last_run("sync")?.max(in_memory),
+            None => in_memory,
         };
         let min = millis(self.inner.sync_min_interval);
         if let Some(last) = last {
@@ -1024,16 +1058,24 @@ impl Node {
                 });
             }
         }
-        if let Some(store) = &store {
-            store.set_last_run("sync", now)?;
+        let asked = self.inner.handle.sync_now().await?;
+        // Only a sync that asked a peer counts against the throttle.
+        if asked {
+            if let Ok(mut l) = self.inner.last_sync.lock() {
+                *l = Some(now);
+            }
+            if let Some(store) = &store {
+                store.set_last_run("sync", now)?;
+            }
         }
-        Ok(self.inner.handle.sync_now().await?)
+        Ok(asked)
     }
 
     /// Leaves the cluster gracefully: deregisters what this node owns (peers drop it at
-    /// once), says goodbye, flushes, and saves the replica. Registrations made with
-    /// [`Node::register_owned`] or kept stay on disk and are registered again at the next
-    /// start.
+    /// once), says goodbye, flushes, and saves the replica. Every registration this node
+    /// owned stays on disk (only `deregister`, a dropped handle or a passed `ttl` removes
+    /// one) and is registered again at the next start with the same data directory.
+    /// Watches end.
     ///
     /// # Errors
     /// [`Error::Store`] when the last save failed.
@@ -1135,7 +1177,12 @@ impl WatchState {
                 return Some(e);
             }
             let name = self.name.clone()?;
-            match self.rx.recv().await {
+            let handle = self.node.inner.handle.clone();
+            let received = tokio::select! {
+                r = self.rx.recv() => r,
+                () = handle.stopped() => return None,
+            };
+            match received {
                 Ok(Change::Up(i)) if i.service == name => {
                     let i = Instance::from_registry(&i);
                     if self.known.get(&i.id) != Some(&i) {

@@ -46,6 +46,7 @@ pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
                 s.push_str(&" ".repeat(w - c.chars().count() + 2));
             }
         }
+        s.truncate(s.trim_end().len());
         s
     };
     let mut out = String::new();

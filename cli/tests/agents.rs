@@ -380,6 +380,8 @@ fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() 
             x.instances("job").len() == 1
         });
     }
+    let watch = Watcher::start(&a, "job");
+    assert_eq!(watch.next(Duration::from_secs(2)).unwrap()["event"], "up");
     let (_, c_port) = c.kill9();
     // The lease (3 s) was renewed at most a third of it before the kill; a read hides an
     // instance whose lease ended. One gossip round (100 ms) and a second of slack for a
@@ -391,6 +393,14 @@ fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() 
             || x.instances("job").is_empty(),
         );
     }
+    // A watch hears of it too: time, not a delta, took it down.
+    let down = watch
+        .next(Duration::from_secs(3))
+        .expect("the watch reports the lapsed lease");
+    assert_eq!(
+        (down["event"].as_str(), down["instance"].as_str()),
+        (Some("down"), Some("job-1"))
+    );
     // And `members` shows the dead agent as gone.
     let c_url = format!(":{c_port}");
     within(Duration::from_secs(3), "a lists c as gone", || {
@@ -569,6 +579,8 @@ fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     assert_eq!(out.status.code(), Some(3));
     let err = text(&out.stderr);
     assert!(err.contains(&url) && err.contains("roster agent"), "{err}");
+    let out = roster(&["ls", "--agent", "http://127.0.0.1:7420"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     // ROSTER_AGENT is the flag's variable.
     let out = Command::new(BIN)
         .args(["ls"])
@@ -612,6 +624,18 @@ fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
         start(&[("ROSTER_NODE_NAME", "from-env")], &["--node-name", "from-flag"]).contains("node from-flag")
     );
 
+    std::fs::write(&cfg, "listen = 5\n").unwrap();
+    let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("line 1"), "{}", text(&out.stderr));
+    std::fs::write(
+        &cfg,
+        "# lease-ttl = 1s\nlisten = \"127.0.0.1:0\"\nlease-ttl = \"soon\"\n",
+    )
+    .unwrap();
+    let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("line 3"), "{}", text(&out.stderr));
     std::fs::write(&cfg, "listen = \"127.0.0.1:0\"\ngossip-intervall = \"1s\"\n").unwrap();
     let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
@@ -752,4 +776,17 @@ fn status_members_explain_and_sync_answer_in_json() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let d = dir.to_str().unwrap();
+    for listen in ["0.0.0.0:0", "0.0.0.0:0"] {
+        let out = roster(&["agent", "--listen", listen, "--data-dir", d]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    }
+    let a = Agent::start(&dir, "a", &[]);
+    assert_eq!(a.json(&["status"])["launches_recent"], 1);
 }

@@ -371,6 +371,34 @@ impl Replica {
             .min()
     }
 
+    /// The instances a read showed at `after_ms` and hides at `upto_ms` because their
+    /// provider's lease ended in between: time, not a join, took them down. Call it as
+    /// time passes (say every gossip tick) to tell watchers, since no delta will.
+    pub fn lapsed(&self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
+        let ended: BTreeSet<&ProviderId> = self
+            .state
+            .leases
+            .iter()
+            .filter_map(|(p, f)| {
+                let (_, l) = f.winner(|l| l.issued)?;
+                (l.is_live(after_ms) && !l.is_live(upto_ms)).then_some(p)
+            })
+            .collect();
+        if ended.is_empty() {
+            return Vec::new();
+        }
+        let mut changes = Vec::new();
+        for (k, f) in &self.state.regs {
+            if ended.contains(&k.provider) && f.winner(|r| r.written).is_some() {
+                changes.push(Change::Down {
+                    service: k.service.clone(),
+                    provider: k.provider.clone(),
+                });
+            }
+        }
+        changes
+    }
+
     fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {
         let changes = self.join_and_diff(delta.clone(), now_ms).1;
         Applied { delta, changes }

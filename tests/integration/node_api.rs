@@ -197,3 +197,20 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
     );
     a.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_node_shuts_down_and_a_sync_without_peers_is_not_throttled() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .sync_min_interval(Duration::from_secs(3600))
+        .start()
+        .await
+        .unwrap();
+    // No peer: nothing was asked, so the throttle is not used up.
+    assert!(!a.sync().await.unwrap());
+    assert!(!a.sync().await.unwrap());
+    let mut w = a.watch("web");
+    a.shutdown().await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), w.next()).await;
+    assert!(matches!(end, Ok(None)), "the watch ends: {end:?}");
+}

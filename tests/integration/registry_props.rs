@@ -741,3 +741,22 @@ fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_
         }) as fn(Schedule) -> bool,
     );
 }
+
+#[test]
+fn an_instance_whose_lease_ends_is_reported_lapsed_once() {
+    use roster_registry::{Change, Hlc, Metadata, Replica, ReplicaId};
+    let mut r = Replica::new(ReplicaId(1));
+    r.register(
+        crate::support::service(0),
+        crate::support::provider(0),
+        crate::support::endpoint(80),
+        Metadata::default(),
+        1_000,
+        Hlc::new(10_000, 0),
+    )
+    .unwrap();
+    assert!(r.lapsed(10_000, 10_999).is_empty(), "still live");
+    let down = r.lapsed(10_999, 11_000);
+    assert!(matches!(down.as_slice(), [Change::Down { .. }]), "{down:?}");
+    assert!(r.lapsed(11_000, 20_000).is_empty(), "reported once");
+}

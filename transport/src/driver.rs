@@ -495,6 +495,12 @@ impl Handle {
         let _ = done.wait_for(|d| *d).await;
     }
 
+    /// Waits until the node has stopped (without asking it to).
+    pub async fn stopped(&self) {
+        let mut done = self.inner.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+
     /// Whether the node has stopped.
     pub fn is_stopped(&self) -> bool {
         *self.inner.done.borrow()

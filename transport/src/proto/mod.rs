@@ -334,6 +334,8 @@ pub struct Node {
     rotate_at: u64,
     reconnect_at: u64,
     expire_from: u64,
+    /// Up to when instances whose lease ended have been reported down.
+    lapse_checked: u64,
     outputs: VecDeque<Output>,
     counters: Counters,
     stopping: bool,
@@ -412,6 +414,7 @@ impl Node {
             rotate_at,
             reconnect_at: now_ms + cfg.reconnect_interval_ms,
             expire_from: now_ms + cfg.expire_holdoff_ms,
+            lapse_checked: now_ms,
             outputs: VecDeque::new(),
             counters: Counters::default(),
             stopping: false,
@@ -687,6 +690,7 @@ impl Node {
         if self.gossip_at <= now_ms {
             self.gossip_at = now_ms + self.jitter(self.cfg.gossip_interval_ms);
             self.gossip(now_ms);
+            self.report_lapsed(now_ms);
             self.expire(now_ms);
             self.dial_more(now_ms);
         }
@@ -733,6 +737,18 @@ impl Node {
             u64::MAX => u64::MAX,
             third => now_ms + third - self.rng.random_range(0..=third / 4),
         };
+    }
+
+    /// Tells watchers of instances whose lease ended since the last check: reads hide them
+    /// at once, but no delta says so until a sweep (after the hold-off, and then the join
+    /// sees them already hidden).
+    fn report_lapsed(&mut self, now_ms: u64) {
+        if now_ms <= self.lapse_checked {
+            return;
+        }
+        let lapsed = self.replica.lapsed(self.lapse_checked, now_ms);
+        self.lapse_checked = now_ms;
+        self.emit_changes(lapsed, now_ms);
     }
 
     fn expire(&mut self, now_ms: u64) {
