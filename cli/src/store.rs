@@ -452,3 +452,57 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_store_of_another_format_is_refused_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, loaded) = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap();
+        assert!(loaded.fresh);
+        let tx = store.db.begin_write().unwrap();
+        {
+            let mut meta = tx.open_table(META).unwrap();
+            meta.insert(K_FORMAT, 2u32.to_le_bytes().as_slice()).unwrap();
+        }
+        tx.commit().unwrap();
+        drop(store);
+        let e = Store::open(dir.path(), ReplicaId(1), 2_000).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Incompatible {
+                    found: 2,
+                    expected: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("roster.redb") && msg.contains("move the file aside"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn identity_floor_and_launches_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, first) = Store::open(dir.path(), ReplicaId(7), 1_000).unwrap();
+        assert_eq!(first.replica.id(), ReplicaId(7));
+        assert_eq!(first.replica.counter(), 0);
+        drop(store);
+        // Another id offered: the saved one wins; the floor reserved at the first open
+        // is where this process starts minting above.
+        let (_, second) = Store::open(dir.path(), ReplicaId(8), 2_000).unwrap();
+        assert!(!second.fresh);
+        assert_eq!(second.replica.id(), ReplicaId(7));
+        assert_eq!(second.replica.counter(), COUNTER_RESERVE);
+        assert_eq!(second.launches, vec![1_000, 2_000]);
+    }
+}
