@@ -470,6 +470,7 @@ impl NodeBuilder {
             owned: Vec::new(),
             removed,
             drop_unowned: store.is_some(),
+            ..Resume::default()
         };
         let mut owned_map = BTreeMap::new();
         for mut rec in owned {

@@ -55,6 +55,7 @@ fn config(name: &str, secret: Option<&str>) -> DriverConfig {
             auth_cap_ms: 60_000,
             healthy_after_ms: 1_000,
             jitter_permille: 500,
+            reconnect_spread_ms: 200,
         },
         ..Config::default()
     };

@@ -23,6 +23,10 @@ pub struct BackoffPolicy {
     /// The jitter, as a fraction of the delay in per mille: the delay is drawn uniformly
     /// from `d * (1 - j)` to `d * (1 + j)`.
     pub jitter_permille: u64,
+    /// After a healthy connection ends (the peer restarted, say), the next attempt waits
+    /// `base_ms` plus a delay drawn uniformly up to this: the peers of a node that went
+    /// away come back to it spread over this window, not in one instant.
+    pub reconnect_spread_ms: u64,
 }
 
 impl Default for BackoffPolicy {
@@ -33,6 +37,7 @@ impl Default for BackoffPolicy {
             auth_cap_ms: 300_000,
             healthy_after_ms: 60_000,
             jitter_permille: 500,
+            reconnect_spread_ms: 10_000,
         }
     }
 }
@@ -80,8 +85,10 @@ impl Backoff {
         if lived_ms >= policy.healthy_after_ms {
             self.failures = 0;
             // Even after a healthy connection, do not reconnect in the same instant as
-            // every other peer of a node that just went away.
-            let delay = policy.jittered(policy.base_ms, draw);
+            // every other peer of a node that just went away: spread over a window.
+            let delay = policy
+                .base_ms
+                .saturating_add(draw % policy.reconnect_spread_ms.saturating_add(1));
             self.not_before_ms = now_ms.saturating_add(delay);
             delay
         } else {
@@ -129,6 +136,7 @@ mod tests {
         auth_cap_ms: 300_000,
         healthy_after_ms: 60_000,
         jitter_permille: 500,
+        reconnect_spread_ms: 10_000,
     };
 
     #[test]
@@ -170,8 +178,11 @@ mod tests {
             last = d;
         }
         assert_eq!(b.failures, 6);
-        assert_eq!(b.closed(&P, 60_000, 1_000_000, 0), 250);
+        // A healthy one resets, and the next attempt is spread over the reconnect window.
+        assert_eq!(b.closed(&P, 60_000, 1_000_000, 0), 500);
         assert_eq!(b.failures, 0);
+        assert_eq!(b.closed(&P, 60_000, 1_000_000, 10_000), 10_500);
+        assert_eq!(b.closed(&P, 60_000, 1_000_000, 10_001), 500);
     }
 
     #[test]

@@ -245,9 +245,16 @@ pub fn start(
         url: url.clone(),
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
-    let mut node = Node::new(info.clone(), replica, seeds, config.protocol, seed, now_ms())?;
-    let resumed = node.resume(config.resume, now_ms());
-    if resumed != proto::Resumed::default() {
+    let (node, resumed) = Node::with_resume(
+        info.clone(),
+        replica,
+        seeds,
+        config.protocol,
+        seed,
+        now_ms(),
+        config.resume,
+    )?;
+    if resumed.rewritten + resumed.refused + resumed.removed > 0 || resumed.gap > 0 {
         info!(
             node = info.name,
             rewritten = resumed.rewritten,
@@ -493,6 +500,18 @@ impl Handle {
         let mut done = self.inner.done.clone();
         // An error means the node task is gone already.
         let _ = done.wait_for(|d| *d).await;
+    }
+
+    /// Turns the crash-loop guard on or off (see `proto::Node::set_crash_guard`).
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn set_crash_guard(&self, on: bool) -> Result<(), DriverError> {
+        self.inner
+            .commands
+            .send(Command::CrashGuard(on))
+            .await
+            .map_err(|_| DriverError::Stopped)
     }
 
     /// Waits until the node has stopped (without asking it to).

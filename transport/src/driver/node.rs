@@ -48,6 +48,7 @@ pub(super) enum Command {
     },
     Inspect(Inspect),
     SyncNow(oneshot::Sender<bool>),
+    CrashGuard(bool),
 }
 
 /// A read run on the node task, given the state machine and the wall time.
@@ -277,6 +278,7 @@ impl NodeTask {
             Command::SyncNow(reply) => {
                 let _ = reply.send(self.node.sync_now(now));
             }
+            Command::CrashGuard(on) => self.node.set_crash_guard(on, now),
         }
     }
 

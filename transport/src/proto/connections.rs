@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::ReplicaId;
 
-use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output};
+use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output, GUARDED_FAILURES};
 use crate::backoff::Failure;
 use crate::message::{self, Message};
 
@@ -18,7 +18,10 @@ impl Node {
         let outbound = self.conns.values().filter(|c| c.outbound).count()
             + self.peers.values().filter(|p| p.dialing).count()
             + self.seeds.values().filter(|(_, dialing)| *dialing).count();
-        let mut room = self.cfg.max_outbound.saturating_sub(outbound);
+        // Under the crash-loop guard, one connection is enough to keep what it owns alive
+        // and to receive deltas.
+        let max = if self.guarded { 1 } else { self.cfg.max_outbound };
+        let mut room = max.saturating_sub(outbound);
         if room == 0 {
             return;
         }
@@ -104,6 +107,9 @@ impl Node {
     }
 
     pub(super) fn rotate(&mut self, now_ms: u64) {
+        if self.guarded {
+            return;
+        }
         let outbound: Vec<ConnId> = self
             .conns
             .iter()
@@ -135,11 +141,17 @@ impl Node {
             DialTarget::Peer { id, .. } => {
                 let p = self.peers.entry(*id).or_default();
                 p.dialing = false;
+                if self.guarded {
+                    p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
+                }
                 p.backoff.fail(&policy, failure, now_ms, draw);
             }
             DialTarget::Seed { url } => {
                 if let Some((b, dialing)) = self.seeds.get_mut(url) {
                     *dialing = false;
+                    if self.guarded {
+                        b.failures = b.failures.max(GUARDED_FAILURES);
+                    }
                     b.fail(&policy, failure, now_ms, draw);
                 }
             }
@@ -210,7 +222,7 @@ impl Node {
         p.name = Some(peer.name.clone());
         p.last_seen_ms = now_ms;
         // Each side says what it has seen; the other answers with what is missing.
-        self.send(conn, Message::digest(self.replica.context(), false), now_ms);
+        self.send_digest(peer.id, now_ms);
         true
     }
 
@@ -222,6 +234,7 @@ impl Node {
             if let Some(p) = self.peers.get_mut(&c.peer) {
                 p.sent = None;
                 p.full_sent_at = None;
+                p.digest_sent_at = None;
                 p.last_seen_ms = now_ms;
             }
         }

@@ -46,6 +46,15 @@ pub const MAX_FORWARD_DOTS: usize = 100_000;
 /// The most seed URLs a node keeps (given at start, or learnt from redirects).
 pub const MAX_SEEDS: usize = 32;
 
+/// A digest to a peer that has not answered for this long may be sent again; until then,
+/// every reason to ask that peer (start-up, a timer, `roster sync`, a repair) shares the
+/// one in flight.
+pub const DIGEST_COALESCE_MS: u64 = 2_000;
+
+/// Under the crash-loop guard, a failed dial backs off as if it had failed this many times
+/// already: the long backoff (the cap) from the first failure.
+const GUARDED_FAILURES: u32 = 8;
+
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
 
@@ -213,6 +222,8 @@ pub struct Counters {
     pub full_syncs_received: u64,
     /// Messages refused (the connection was closed).
     pub refused: u64,
+    /// Digests not sent because one to the same peer was in flight.
+    pub digests_coalesced: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +256,8 @@ struct Peer {
     name: Option<String>,
     /// The URL it advertised when it connected (for people; dials use `url`).
     advertised: Option<String>,
+    /// When we sent it a digest it has not answered yet (single flight).
+    digest_sent_at: Option<u64>,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
 }
@@ -276,6 +289,28 @@ pub struct Resume {
     /// node and not in `owned` are removed (a removal lost in a crash). `false` for a
     /// replica built by hand.
     pub drop_unowned: bool,
+    /// What the previous process knew of its peers: backoffs, URLs, last full syncs.
+    pub peers: Vec<PeerMemory>,
+    /// The backoff of each seed URL.
+    pub seeds: Vec<(String, Backoff)>,
+    /// Start under the crash-loop guard (see [`Node::set_crash_guard`]).
+    pub crash_guard: bool,
+}
+
+/// What a node remembers of a peer across restarts, so a new process does not dial it
+/// sooner, or send it a full state sooner, than the old one would have.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PeerMemory {
+    /// The peer.
+    pub id: ReplicaId,
+    /// Its URL, if known.
+    pub url: Option<String>,
+    /// Its name, if known.
+    pub name: Option<String>,
+    /// Its dial backoff.
+    pub backoff: Backoff,
+    /// When a full state was last sent to it (wall ms).
+    pub full_sent_at: Option<u64>,
 }
 
 /// What [`Node::resume`] did.
@@ -339,6 +374,13 @@ pub struct Node {
     outputs: VecDeque<Output>,
     counters: Counters,
     stopping: bool,
+    /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
+    /// full state sent unasked.
+    guarded: bool,
+    /// The context this process started from, and whether every delta since is in the
+    /// buffer: a peer whose digest includes it needs only the buffer, not a full state.
+    start_ctx: CausalContext,
+    base_valid: bool,
 }
 
 fn member_provider(id: ReplicaId) -> ProviderId {
@@ -384,6 +426,28 @@ impl Node {
         seed: u64,
         now_ms: u64,
     ) -> Result<Self, InvalidInput> {
+        Self::with_resume(me, replica, seeds, cfg, seed, now_ms, Resume::default()).map(|(n, _)| n)
+    }
+
+    /// A node picking up where a previous process of it left off, before it talks to any
+    /// peer (it dials only after): it takes back what that process knew of its peers
+    /// (backoffs, so it dials no sooner than the old one would have), writes its own
+    /// registrations again (peers see an update, never a removal), removes registrations
+    /// it wrote but no longer owns (a removal lost in a crash), and claims the counters
+    /// between its saved state and its floor (`Replica::close_gap`) over every key it
+    /// could have written.
+    ///
+    /// # Errors
+    /// As [`Node::new`].
+    pub fn with_resume(
+        me: NodeInfo,
+        replica: Replica,
+        seeds: impl IntoIterator<Item = String>,
+        cfg: Config,
+        seed: u64,
+        now_ms: u64,
+        resume: Resume,
+    ) -> Result<(Self, Resumed), InvalidInput> {
         let endpoint = url_endpoint(&me.url)?;
         let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
         roster_registry::validate_metadata(&meta)?;
@@ -418,7 +482,27 @@ impl Node {
             outputs: VecDeque::new(),
             counters: Counters::default(),
             stopping: false,
+            guarded: resume.crash_guard,
+            start_ctx: CausalContext::new(),
+            base_valid: true,
         };
+        node.start_ctx = node.replica.context().clone();
+        for m in &resume.peers {
+            if m.id == node.me.id {
+                continue;
+            }
+            let p = node.peers.entry(m.id).or_default();
+            p.url = m.url.clone();
+            p.name = m.name.clone();
+            p.backoff = m.backoff;
+            p.full_sent_at = m.full_sent_at;
+            p.last_seen_ms = now_ms;
+        }
+        for (url, b) in &resume.seeds {
+            if let Some(s) = node.seeds.get_mut(url) {
+                s.0 = *b;
+            }
+        }
         node.register(
             members_service(),
             member_provider(node.me.id),
@@ -427,8 +511,9 @@ impl Node {
             cfg.member_lease_ttl_ms,
             now_ms,
         )?;
+        let resumed = node.resume(resume, now_ms);
         node.dial_more(now_ms);
-        Ok(node)
+        Ok((node, resumed))
     }
 
     /// Who this node is.
@@ -521,12 +606,8 @@ impl Node {
         Ok(())
     }
 
-    /// Picks up where a previous process of this node left off, before it talks to any
-    /// peer: writes its own registrations again (peers see an update, never a removal),
-    /// removes registrations it wrote but no longer owns (a removal lost in a crash), and
-    /// claims the counters between its saved state and its floor (`Replica::close_gap`)
-    /// over every key it could have written. Call it right after [`Node::new`].
-    pub fn resume(&mut self, resume: Resume, now_ms: u64) -> Resumed {
+    /// The registry part of [`Node::with_resume`].
+    fn resume(&mut self, resume: Resume, now_ms: u64) -> Resumed {
         let mut done = Resumed::default();
         let me = self.me.id;
         let member = (members_service(), member_provider(me));
@@ -577,11 +658,60 @@ impl Node {
     pub fn sync_now(&mut self, now_ms: u64) -> bool {
         match self.random_connected(1, None).pop() {
             Some(p) if !self.stopping => {
-                self.send_to_peer(p, Message::digest(self.replica.context(), false), now_ms);
+                self.send_digest(p, now_ms);
                 true
             }
             _ => false,
         }
+    }
+
+    /// Turns the crash-loop guard on or off. Under it the node keeps only the essential
+    /// work (its own registrations and lease, reads, receiving deltas): at most one
+    /// outbound connection, no rotation, the long backoff after a failed dial, and no full
+    /// state sent unless a peer asks for one (`NeedFull`).
+    pub fn set_crash_guard(&mut self, on: bool, now_ms: u64) {
+        self.guarded = on;
+        if !on {
+            self.dial_more(now_ms);
+        }
+    }
+
+    /// Whether the crash-loop guard is on.
+    pub fn crash_guard(&self) -> bool {
+        self.guarded
+    }
+
+    /// What this process knows of its peers and seeds, to save for the next one.
+    pub fn memory(&self) -> (Vec<PeerMemory>, Vec<(String, Backoff)>) {
+        let peers = self
+            .peers
+            .iter()
+            .map(|(id, p)| PeerMemory {
+                id: *id,
+                url: p.url.clone(),
+                name: p.name.clone(),
+                backoff: p.backoff,
+                full_sent_at: p.full_sent_at,
+            })
+            .collect();
+        let seeds = self.seeds.iter().map(|(u, (b, _))| (u.clone(), *b)).collect();
+        (peers, seeds)
+    }
+
+    /// Sends `peer` our digest, unless one is already in flight to it (sent less than
+    /// [`DIGEST_COALESCE_MS`] ago and not answered): every reason to ask shares it.
+    pub(super) fn send_digest(&mut self, peer: ReplicaId, now_ms: u64) {
+        let in_flight = self
+            .peers
+            .get(&peer)
+            .and_then(|p| p.digest_sent_at)
+            .is_some_and(|t| now_ms < t + DIGEST_COALESCE_MS);
+        if in_flight {
+            self.counters.digests_coalesced += 1;
+            return;
+        }
+        self.peers.entry(peer).or_default().digest_sent_at = Some(now_ms);
+        self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms);
     }
 
     /// The peers whose last digest shows they hold `dot`.
@@ -697,7 +827,7 @@ impl Node {
         if self.digest_at <= now_ms {
             self.digest_at = now_ms + self.jitter(self.cfg.digest_interval_ms);
             if let Some(p) = self.random_connected(1, None).pop() {
-                self.send_to_peer(p, Message::digest(self.replica.context(), false), now_ms);
+                self.send_digest(p, now_ms);
             }
         }
         if self.reconnect_at <= now_ms {
@@ -796,7 +926,9 @@ impl Node {
             Message::Digest { ctx, reply } => {
                 let theirs = message::decode_digest(&ctx)?;
                 let ours = self.replica.context().clone();
-                self.peers.entry(peer).or_default().digest = Some(theirs.clone());
+                let p = self.peers.entry(peer).or_default();
+                p.digest = Some(theirs.clone());
+                p.digest_sent_at = None;
                 if !theirs.includes(&ours) {
                     // They lack something: from the buffer if it covers them, else in full.
                     // A full state already on its way (not yet acknowledged) is not sent
@@ -811,7 +943,9 @@ impl Node {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
                             self.sync_peer(peer, false, now_ms)
                         }
-                        _ if in_flight => {}
+                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now_ms),
+                        // Under the crash-loop guard, no full state unless the peer asks.
+                        _ if in_flight || self.guarded => {}
                         _ => self.send_full(peer, &theirs, now_ms),
                     }
                 }
@@ -821,11 +955,13 @@ impl Node {
             }
             Message::Delta { seq, delta } => {
                 let delta = message::decode_delta(&delta)?;
+                self.peers.entry(peer).or_default().digest_sent_at = None;
                 self.apply(peer, delta, now_ms);
                 self.send(conn, Message::Ack { seq }, now_ms);
             }
             Message::Elided { seq, elided } => {
                 let elided = message::decode_elided(&elided)?;
+                self.peers.entry(peer).or_default().digest_sent_at = None;
                 self.counters.full_syncs_received += 1;
                 match elided.into_state(self.replica.state()) {
                     Ok(full) => {

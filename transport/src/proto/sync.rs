@@ -75,9 +75,11 @@ impl Node {
             _ if repair => {
                 let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
                 match digest {
-                    _ if paused => {}
+                    Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now_ms),
+                    // Under the crash-loop guard, no full state unless the peer asks.
+                    _ if paused || self.guarded => {}
                     Some(digest) => self.send_full(peer, &digest, now_ms),
-                    None => self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms),
+                    None => self.send_digest(peer, now_ms),
                 }
             }
             _ => {}
@@ -134,9 +136,28 @@ impl Node {
         for p in self.peers.values_mut() {
             p.acked = None;
         }
+        // The buffer no longer holds everything learnt since this process started.
+        self.base_valid = false;
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for peer in connected {
-            self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms);
+            self.send_digest(peer, now_ms);
+        }
+    }
+
+    /// A peer we have no acknowledgement from (we, or it, restarted) whose digest holds
+    /// everything this process started with lacks only what the buffer holds since: take
+    /// that as its acknowledgement, so it gets deltas, not a full state. A restart after
+    /// missing k changes then costs about k deltas each way, not the registry.
+    pub(super) fn adopt_base(&mut self, peer: ReplicaId, digest: &CausalContext) -> bool {
+        if !(self.base_valid && self.buffer.covers(0) && digest.includes(&self.start_ctx)) {
+            return false;
+        }
+        match self.peers.get_mut(&peer) {
+            Some(p) if p.acked.is_none() => {
+                p.acked = Some(0);
+                true
+            }
+            _ => false,
         }
     }
 }
