@@ -52,6 +52,25 @@ pub struct AgentArgs {
     /// The cluster's name; nodes of another cluster are refused [default: roster].
     #[arg(long, value_name = "NAME", env = "ROSTER_CLUSTER")]
     cluster: Option<String>,
+    /// The crash-loop guard: more than N launches within DUR (counted in the data dir) put
+    /// the agent in a quiet mode (one connection, long backoff, no full sync unasked)
+    /// until it has stayed up for DUR; `off` disables it [default: 5/5m].
+    #[arg(long, value_name = "N/DUR", env = "ROSTER_CRASH_GUARD", value_parser = parse_guard)]
+    crash_guard: Option<Guard>,
+}
+
+/// `--crash-guard`: `N/DUR` or `off`.
+#[derive(Debug, Clone, Copy)]
+pub enum Guard {
+    Off,
+    On(roster::CrashGuard),
+}
+
+fn parse_guard(s: &str) -> Result<Guard, String> {
+    if s.trim() == "off" {
+        return Ok(Guard::Off);
+    }
+    s.parse().map(Guard::On)
 }
 
 /// The config file: the flags' names as keys.
@@ -69,6 +88,7 @@ struct FileConfig {
     lease_ttl: Option<String>,
     sync_min_interval: Option<String>,
     cluster: Option<String>,
+    crash_guard: Option<String>,
 }
 
 /// The largest config file read.
@@ -214,6 +234,17 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         None => file_duration(&cfg_path, &text, "sync-min-interval", file.sync_min_interval)?,
     };
     let cluster = args.cluster.or(file.cluster);
+    let guard = match (args.crash_guard, file.crash_guard) {
+        (Some(g), _) => g,
+        (None, Some(text_value)) => parse_guard(&text_value).map_err(|e| {
+            let line = key_line(&text, "crash-guard").unwrap_or(0);
+            Fail::usage(format!(
+                "config file {}, line {line}: crash-guard: {e}",
+                cfg_path.display()
+            ))
+        })?,
+        (None, None) => Guard::On(roster::DEFAULT_CRASH_GUARD),
+    };
 
     let mut b = roster::Node::builder()
         .listen(listen)
@@ -244,6 +275,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     if let Some(c) = cluster {
         b = b.cluster(c);
     }
+    b = b.crash_guard(match guard {
+        Guard::Off => None,
+        Guard::On(g) => Some(g),
+    });
     let node = b.start().await.map_err(|e| {
         use roster::transport::driver::StartError;
         match e {

@@ -205,7 +205,7 @@ pub struct StatusView {
     pub uptime_ms: u64,
     /// Connected peers.
     pub peers: Vec<PeerView>,
-    /// Launches within the crash-guard window.
+    /// Launches within the crash-guard window (5 minutes when the guard is off).
     pub launches_recent: u64,
     /// Whether the crash-loop guard is on.
     pub crash_guard: bool,

@@ -33,8 +33,8 @@ mod server;
 pub mod store;
 
 pub use node::{
-    Error, Event, Instance, Node, NodeBuilder, Registration, Service, Watch, DEFAULT_AGENT_URL,
-    DEFAULT_CLUSTER, DEFAULT_LEASE_TTL, DEFAULT_LISTEN, DEFAULT_SYNC_MIN_INTERVAL, LAUNCH_WINDOW,
+    CrashGuard, Error, Event, Instance, Node, NodeBuilder, Registration, Service, Watch, DEFAULT_AGENT_URL,
+    DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD, DEFAULT_LEASE_TTL, DEFAULT_LISTEN, DEFAULT_SYNC_MIN_INTERVAL,
 };
 pub use roster_registry as registry;
 pub use roster_transport as transport;

@@ -30,8 +30,42 @@ pub const DEFAULT_AGENT_URL: &str = "ws://127.0.0.1:7420";
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// The default least time between two manual syncs.
 pub const DEFAULT_SYNC_MIN_INTERVAL: Duration = Duration::from_secs(30);
-/// The window launches are counted in for `launches_recent` (and the crash-loop guard).
-pub const LAUNCH_WINDOW: Duration = Duration::from_secs(300);
+/// The default crash-loop guard: more than 5 launches within 5 minutes.
+pub const DEFAULT_CRASH_GUARD: CrashGuard = CrashGuard {
+    launches: 5,
+    window: Duration::from_secs(300),
+};
+/// How often what the node knows of its peers (backoffs) is compared with what was saved.
+const MEMORY_CHECK: Duration = Duration::from_millis(250);
+
+/// The crash-loop guard: more than `launches` launches within `window` put the node in
+/// crash-guard mode until it has stayed up for `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashGuard {
+    /// Launches allowed within the window.
+    pub launches: u32,
+    /// The window.
+    pub window: Duration,
+}
+
+impl std::str::FromStr for CrashGuard {
+    type Err = String;
+
+    /// `N/DUR` (`5/5m`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("crash guard {s:?} is not N/DURATION (e.g. 5/5m) or off");
+        let (n, d) = s.split_once('/').ok_or_else(bad)?;
+        let launches: u32 = n.trim().parse().map_err(|_| bad())?;
+        let window = humantime::parse_duration(d.trim()).map_err(|_| bad())?;
+        if launches == 0 || window < Duration::from_secs(1) || window > Duration::from_secs(24 * 3600) {
+            return Err(format!(
+                "{}: use 1 or more launches and a window of 1s to 24h",
+                bad()
+            ));
+        }
+        Ok(Self { launches, window })
+    }
+}
 /// The default cluster name.
 pub const DEFAULT_CLUSTER: &str = "roster";
 /// The least time between two saves of the replica (group commit).
@@ -230,6 +264,7 @@ pub struct NodeBuilder {
     sync_min_interval: Duration,
     serve_clients: bool,
     client_auth_always: bool,
+    crash_guard: Option<CrashGuard>,
 }
 
 impl Default for NodeBuilder {
@@ -249,6 +284,7 @@ impl Default for NodeBuilder {
             sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
             serve_clients: false,
             client_auth_always: false,
+            crash_guard: Some(DEFAULT_CRASH_GUARD),
         }
     }
 }
@@ -341,6 +377,17 @@ impl NodeBuilder {
     #[must_use]
     pub fn serve_clients(mut self, yes: bool) -> Self {
         self.serve_clients = yes;
+        self
+    }
+
+    /// The crash-loop guard (default: more than 5 launches in 5 minutes); `None` turns it
+    /// off. Launches are counted in the data directory; a node without one never trips it.
+    /// Under the guard the node keeps its own registrations and lease, answers reads and
+    /// receives deltas, but opens one connection only, takes the long backoff, and sends no
+    /// full state unasked, until it has stayed up for the window.
+    #[must_use]
+    pub fn crash_guard(mut self, guard: Option<CrashGuard>) -> Self {
+        self.crash_guard = guard;
         self
     }
 
@@ -459,19 +506,54 @@ impl NodeBuilder {
                     loaded.replica,
                     owned,
                     loaded.removed,
-                    loaded.launches,
+                    (loaded.launches, loaded.memory),
                 )
             }
-            None => (None, Replica::new(new_id), Vec::new(), Vec::new(), vec![now]),
+            None => (
+                None,
+                Replica::new(new_id),
+                Vec::new(),
+                Vec::new(),
+                (vec![now], Vec::new()),
+            ),
         };
+        let (launches, memory) = launches;
+        // What the last process knew of its peers; unreadable memory is only a lost hint.
+        let (peers, seeds): (
+            Vec<proto::PeerMemory>,
+            Vec<(String, roster_transport::backoff::Backoff)>,
+        ) = if memory.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            postcard::from_bytes(&memory).unwrap_or_else(|e| {
+                warn!("ignored the saved peer backoffs: {e}");
+                (Vec::new(), Vec::new())
+            })
+        };
+        let window = self.crash_guard.map_or(Duration::from_secs(300), |g| g.window);
+        let since = now.saturating_sub(millis(window));
+        let launches_recent = launches.iter().filter(|t| **t >= since).count() as u64;
+        let guarded = self
+            .crash_guard
+            .is_some_and(|g| store.is_some() && launches_recent > u64::from(g.launches));
         let id = replica.id();
         let name = self.name.clone().unwrap_or_else(|| format!("node-{id}"));
         let mut resume = Resume {
             owned: Vec::new(),
             removed,
             drop_unowned: store.is_some(),
-            ..Resume::default()
+            peers,
+            seeds,
+            crash_guard: guarded,
         };
+        if guarded {
+            warn!(
+                launches = launches_recent,
+                "crash-loop guard on: more than {} launches within {}; until this process has been up that long it keeps to the essential (one connection, the long backoff, no full state unasked)",
+                self.crash_guard.map_or(0, |g| g.launches),
+                humantime::format_duration(window)
+            );
+        }
         let mut owned_map = BTreeMap::new();
         for mut rec in owned {
             // The lease of this run applies to what it registers again.
@@ -506,7 +588,6 @@ impl NodeBuilder {
         config.clients = self.serve_clients.then_some(clients_tx);
         let cancel = CancellationToken::new();
         let handle = driver::start(listener, config, replica, self.join.clone(), cancel.clone())?;
-        let window = now.saturating_sub(millis(LAUNCH_WINDOW));
         let inner = Arc::new(Inner {
             handle,
             store: std::sync::Mutex::new(store.clone()),
@@ -516,7 +597,8 @@ impl NodeBuilder {
             lease_ttl_ms: millis(self.lease_ttl),
             sync_min_interval: self.sync_min_interval,
             started: Instant::now(),
-            launches_recent: launches.iter().filter(|t| **t >= window).count() as u64,
+            launches_recent,
+            guarded: std::sync::atomic::AtomicBool::new(guarded),
             owned: Mutex::new(owned_map),
             secret,
             client_auth_always: self.client_auth_always,
@@ -527,6 +609,23 @@ impl NodeBuilder {
             node.inner
                 .tasks
                 .spawn(saver(node.inner.handle.clone(), store, node.inner.cancel.clone()));
+        }
+        if guarded {
+            let weak = Arc::downgrade(&node.inner);
+            let cancel = node.inner.cancel.clone();
+            node.inner.tasks.spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(window) => {
+                        if let Some(inner) = weak.upgrade() {
+                            if inner.handle.set_crash_guard(false).await.is_ok() {
+                                inner.guarded.store(false, std::sync::atomic::Ordering::Relaxed);
+                                info!("crash-loop guard off: up for {}", humantime::format_duration(window));
+                            }
+                        }
+                    }
+                }
+            });
         }
         node.inner
             .tasks
@@ -560,6 +659,7 @@ pub(crate) struct Inner {
     sync_min_interval: Duration,
     started: Instant,
     launches_recent: u64,
+    guarded: std::sync::atomic::AtomicBool,
     /// Own registrations by store key; the lock orders writes (disk, then the node).
     owned: Mutex<BTreeMap<String, OwnedRecord>>,
     pub(crate) secret: Option<Secret>,
@@ -572,24 +672,50 @@ pub(crate) struct Inner {
 async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
     let mut rx = handle.watch_replica();
     let mut interval = SAVE_INTERVAL;
+    let mut saved_memory: Vec<u8> = Vec::new();
     loop {
-        tokio::select! {
+        let replica_changed = tokio::select! {
             () = cancel.cancelled() => return,
-            r = rx.changed() => if r.is_err() { return },
+            r = rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                true
+            }
+            () = tokio::time::sleep(MEMORY_CHECK) => false,
+        };
+        if replica_changed {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            let replica = Arc::clone(&rx.borrow_and_update());
+            let store = Arc::clone(&store);
+            let started = Instant::now();
+            match tokio::task::spawn_blocking(move || store.save_replica(&replica, false)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!("could not save the replica: {e}"),
+                Err(e) => warn!("the save task failed: {e}"),
+            }
+            interval = (started.elapsed() * SAVE_COST_FACTOR).max(SAVE_INTERVAL);
         }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+        // Backoffs change without the replica changing (a dial that fails): save them
+        // when they differ from what is on disk, so the next process honours them.
+        let Ok(memory) = handle.inspect(|n, _| n.memory()).await else {
+            return;
+        };
+        let Ok(bytes) = postcard::to_stdvec(&memory) else {
+            continue;
+        };
+        if bytes != saved_memory {
+            let store = Arc::clone(&store);
+            let b = bytes.clone();
+            match tokio::task::spawn_blocking(move || store.save_memory(&b)).await {
+                Ok(Ok(())) => saved_memory = bytes,
+                Ok(Err(e)) => warn!("could not save the peer backoffs: {e}"),
+                Err(e) => warn!("the save task failed: {e}"),
+            }
         }
-        let replica = Arc::clone(&rx.borrow_and_update());
-        let store = Arc::clone(&store);
-        let started = Instant::now();
-        match tokio::task::spawn_blocking(move || store.save_replica(&replica, false)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!("could not save the replica: {e}"),
-            Err(e) => warn!("the save task failed: {e}"),
-        }
-        interval = (started.elapsed() * SAVE_COST_FACTOR).max(SAVE_INTERVAL);
     }
 }
 
@@ -940,7 +1066,7 @@ impl Node {
             uptime_ms: millis(self.inner.started.elapsed()),
             peers,
             launches_recent: self.inner.launches_recent,
-            crash_guard: false,
+            crash_guard: self.inner.guarded.load(std::sync::atomic::Ordering::Relaxed),
             data_dir: self.inner.data_dir.as_ref().map(|d| d.display().to_string()),
             services: services.len() as u64,
             instances: services.iter().map(|(_, n)| *n as u64).sum(),

@@ -122,7 +122,10 @@ pub fn status(s: &StatusView) {
             "registry:        {} services, {} instances",
             s.services, s.instances
         ),
-        format!("launches (5m):   {}", s.launches_recent),
+        format!(
+            "launches:        {} within the crash-guard window",
+            s.launches_recent
+        ),
         format!("crash guard:     {}", if s.crash_guard { "on" } else { "off" }),
         format!("peers:           {}", s.peers.len()),
     ];

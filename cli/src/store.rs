@@ -40,6 +40,7 @@ const K_FORMAT: &str = "format";
 const K_ID: &str = "replica_id";
 const K_FLOOR: &str = "counter_floor";
 const K_STATE: &str = "state";
+const K_MEMORY: &str = "peer_memory";
 
 /// A registration this node owns, as saved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +157,9 @@ pub struct Loaded {
     pub removed: Vec<RegKey>,
     /// Launch times (wall ms), oldest first, this launch included.
     pub launches: Vec<u64>,
+    /// What the previous process knew of its peers (encoded by [`Store::save_memory`]'s
+    /// caller); empty when none was saved.
+    pub memory: Vec<u8>,
 }
 
 /// The open data directory.
@@ -250,6 +254,11 @@ impl Store {
                 }
             };
             let floor = get_u64(&meta, K_FLOOR)?.unwrap_or(0);
+            let memory = meta
+                .get(K_MEMORY)
+                .map_err(|e| self.io(e))?
+                .map(|v| v.value().to_vec())
+                .unwrap_or_default();
             let replica = Replica::from_state(id, state, floor);
             // Reserve what this process may mint before it mints anything.
             let reserved = replica.counter() + COUNTER_RESERVE;
@@ -300,6 +309,7 @@ impl Store {
                 owned,
                 removed,
                 launches,
+                memory,
             }
         };
         tx.commit().map_err(|e| self.io(e))?;
@@ -388,6 +398,20 @@ impl Store {
         };
         tx.commit().map_err(|e| self.io(e))?;
         Ok(existed)
+    }
+
+    /// Saves what this process knows of its peers (backoffs, URLs), durable when this
+    /// returns, so the next process dials no sooner than this one would have.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn save_memory(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            meta.insert(K_MEMORY, bytes).map_err(|e| self.io(e))?;
+        }
+        tx.commit().map_err(|e| self.io(e))
     }
 
     /// When the throttled action `name` last ran (wall ms).

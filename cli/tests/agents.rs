@@ -790,3 +790,75 @@ fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
     let a = Agent::start(&dir, "a", &[]);
     assert_eq!(a.json(&["status"])["launches_recent"], 1);
 }
+
+#[test]
+fn the_crash_loop_guard_trips_after_too_many_launches_and_clears_after_staying_up() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    for launch in 1..=3 {
+        let a = Agent::start(&dir, "a", &["--crash-guard", "2/30s"]);
+        let s = a.json(&["status"]);
+        assert_eq!(s["launches_recent"], launch);
+        assert_eq!(s["crash_guard"], launch > 2, "launch {launch}: {s}");
+        drop(a.kill9());
+    }
+    // `off` is honoured.
+    let a = Agent::start(&dir, "a", &["--crash-guard", "off"]);
+    assert_eq!(a.json(&["status"])["crash_guard"], false);
+    drop(a.kill9());
+    // Five launches within 2 s trip a 2/2s guard, which clears after 2 s up.
+    let a = Agent::start(&dir, "a", &["--crash-guard", "2/2s"]);
+    assert_eq!(a.json(&["status"])["crash_guard"], true);
+    let took = within(
+        Duration::from_secs(5),
+        "the guard clears after the window",
+        || a.json(&["status"])["crash_guard"] == false,
+    );
+    assert!(
+        took >= Duration::from_millis(1_500),
+        "cleared after {took:?}, before the window"
+    );
+    // Reads and own registrations work under the guard.
+    assert!(a.roster(&["register", "web", "127.0.0.1:80"]).status.success());
+}
+
+#[test]
+fn a_restarted_agent_honours_the_dial_backoff_of_the_process_before_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let seed = format!("ws://127.0.0.1:{dead}");
+    let a = Agent::start(&dir, "a", &["--join", &seed, "--crash-guard", "off"]);
+    // Its only seed is down: dials back off (0.5 s, 1 s, 2 s, 4 s... with jitter).
+    within(Duration::from_secs(10), "three dials failed", || {
+        a.json(&["status"])["counters"]["connections_opened"]
+            .as_u64()
+            .unwrap()
+            >= 3
+    });
+    std::thread::sleep(Duration::from_millis(400)); // the backoff reaches the disk
+    let (dir, _) = a.kill9();
+    // A new process does not dial sooner than the old one would have: several seconds.
+    let a = Agent::start(&dir, "a", &["--join", &seed, "--crash-guard", "off"]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        a.json(&["status"])["counters"]["connections_opened"],
+        0,
+        "the new process dialed its backed-off seed at once"
+    );
+}
+
+#[test]
+fn an_agent_with_nobody_to_join_opens_no_connection() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    assert!(a.roster(&["register", "web", "127.0.0.1:80"]).status.success());
+    std::thread::sleep(Duration::from_millis(1_500));
+    let s = a.json(&["status"]);
+    assert_eq!(s["counters"]["connections_opened"], 0, "{s}");
+    assert_eq!(s["counters"]["frames_sent"], 0, "{s}");
+}
