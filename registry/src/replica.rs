@@ -228,8 +228,7 @@ impl Replica {
     pub fn deregister(&mut self, service: ServiceName, provider: ProviderId, now_ms: u64) -> Option<Applied> {
         let key = RegKey { service, provider };
         let dots = self.state.reg_dots(&key);
-        (!dots.is_empty())
-            .then(|| self.apply_own(State::removal(dots, [key].into(), BTreeSet::new()), now_ms))
+        (!dots.is_empty()).then(|| self.apply_removal(dots, [key].into(), BTreeSet::new(), now_ms))
     }
 
     /// The counters this replica will never mint but has not seen either: the part of its
@@ -262,7 +261,7 @@ impl Replica {
             .map(|c| dot(self.id, c))
             .filter(|d| !self.state.ctx.contains(d))
             .collect();
-        (!gap.is_empty()).then(|| self.apply_own(State::removal(gap, regs, providers), now_ms))
+        (!gap.is_empty()).then(|| self.apply_removal(gap, regs, providers, now_ms))
     }
 
     /// Removes a provider entirely: its lease and all its registrations (a graceful exit).
@@ -323,7 +322,7 @@ impl Replica {
         for key in &regs {
             dots.extend(self.state.reg_dots(key));
         }
-        (!dots.is_empty()).then(|| self.apply_own(State::removal(dots, regs, leases), now_ms))
+        (!dots.is_empty()).then(|| self.apply_removal(dots, regs, leases, now_ms))
     }
 
     /// Retires `replica`, a node gone for good: its version-vector entry becomes a
@@ -397,6 +396,22 @@ impl Replica {
             }
         }
         changes
+    }
+
+    /// A removal of `dots` from these keys, carrying one new dot of this replica in its
+    /// context: a removal is an event too, so a replica that has seen it has a larger
+    /// context than one that has not, and comparing digests finds the difference.
+    /// (Without it, a replica that missed a removal has the same context as one that saw
+    /// it, and no digest exchange would ever repair it.)
+    fn apply_removal(
+        &mut self,
+        mut dots: Vec<Dot>,
+        regs: BTreeSet<RegKey>,
+        leases: BTreeSet<ProviderId>,
+        now_ms: u64,
+    ) -> Applied {
+        dots.push(self.mint());
+        self.apply_own(State::removal(dots, regs, leases), now_ms)
     }
 
     fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {

@@ -760,3 +760,52 @@ fn an_instance_whose_lease_ends_is_reported_lapsed_once() {
     assert!(matches!(down.as_slice(), [Change::Down { .. }]), "{down:?}");
     assert!(r.lapsed(11_000, 20_000).is_empty(), "reported once");
 }
+
+#[test]
+fn a_replica_that_missed_a_removal_has_a_smaller_context() {
+    // Digests compare contexts; a removal must show in them, or a replica that missed
+    // one would look up to date forever.
+    use roster_registry::{Hlc, Metadata, Replica, ReplicaId};
+    let mut a = Replica::new(ReplicaId(1));
+    let mut b = Replica::new(ReplicaId(2));
+    let (s, p) = (crate::support::service(0), crate::support::provider(0));
+    let w = a
+        .register(
+            s.clone(),
+            p.clone(),
+            crate::support::endpoint(80),
+            Metadata::default(),
+            60_000,
+            Hlc::new(1_000, 0),
+        )
+        .unwrap();
+    b.apply(w.delta, 1_000);
+    assert_eq!(a.context(), b.context());
+    let removal = a.deregister(s.clone(), p.clone(), 2_000).unwrap();
+    assert!(
+        !b.context().includes(a.context()),
+        "b missed the removal and its digest must say so"
+    );
+    assert!(a.context().includes(b.context()));
+    b.apply(removal.delta, 2_000);
+    assert_eq!(a.context(), b.context());
+    assert_eq!(b.instances(&s, 2_000).count(), 0);
+    // The same for a sweep of an expired lease, by a replica that never wrote.
+    let mut c = Replica::new(ReplicaId(3));
+    let w = a
+        .register(
+            s.clone(),
+            p.clone(),
+            crate::support::endpoint(81),
+            Metadata::default(),
+            1_000,
+            Hlc::new(3_000, 0),
+        )
+        .unwrap();
+    c.apply(w.delta.clone(), 3_000);
+    b.apply(w.delta, 3_000);
+    let sweep = c.expire(10_000, 0).unwrap();
+    assert!(!b.context().includes(c.context()));
+    b.apply(sweep.delta, 10_000);
+    assert!(b.context().includes(c.context()));
+}

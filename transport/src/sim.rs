@@ -101,6 +101,10 @@ pub struct Sim {
     log: Vec<(usize, u64, roster_registry::Change)>,
     keep_log: bool,
     by_kind: BTreeMap<&'static str, (u64, u64)>,
+    /// Every dial: (time, from, the machine its URL names).
+    dials: Vec<(u64, usize, Option<usize>)>,
+    /// Whether to tell deltas that carry registrations from those with leases only.
+    classify_deltas: bool,
 }
 
 /// The URL of machine `i` in the simulation.
@@ -128,6 +132,8 @@ impl Sim {
             ends: BTreeMap::new(),
             next_conn: 1,
             queue: BTreeMap::new(),
+            dials: Vec::new(),
+            classify_deltas: false,
             next_event: 0,
             log: Vec::new(),
             keep_log: false,
@@ -245,6 +251,17 @@ impl Sim {
         }
     }
 
+    /// Every dial so far: (time, dialing machine, dialed machine).
+    pub fn dial_log(&self) -> &[(u64, usize, Option<usize>)] {
+        &self.dials
+    }
+
+    /// Counts deltas that carry no registration (lease renewals and removals) as
+    /// `delta-leases` in [`Sim::traffic_by_kind`], apart from `delta` (costs a decode).
+    pub fn classify_deltas(&mut self, on: bool) {
+        self.classify_deltas = on;
+    }
+
     /// Whether machine `i` runs.
     pub fn is_up(&self, i: usize) -> bool {
         self.machines[i].node.is_some()
@@ -322,7 +339,15 @@ impl Sim {
         let bytes = envelope.encode().len() as u64;
         let kind = match &envelope.message {
             crate::message::Message::Digest { .. } => "digest",
-            crate::message::Message::Delta { .. } => "delta",
+            crate::message::Message::Delta { delta, .. } => {
+                let leases_only = self.classify_deltas
+                    && crate::message::decode_delta(delta).is_ok_and(|d| d.registration_count() == 0);
+                if leases_only {
+                    "delta-leases"
+                } else {
+                    "delta"
+                }
+            }
             crate::message::Message::Elided { .. } => "elided",
             crate::message::Message::Ack { .. } => "ack",
             crate::message::Message::NeedFull => "need-full",
@@ -369,6 +394,7 @@ impl Sim {
         self.machines[from].traffic.dials += 1;
         let now = self.now_ms;
         let to = machine_of(&url).filter(|&j| j < self.machines.len() && j != from);
+        self.dials.push((now, from, to));
         let reachable = to.filter(|&j| {
             self.machines[j].node.is_some() && self.machines[j].side == self.machines[from].side
         });
