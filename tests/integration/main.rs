@@ -29,3 +29,7 @@ mod transport_loopback;
 
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
+
+/// The restart-economy rules: resume with deltas, single flight, saved backoff, spread
+/// reconnects, idle quiet, off switches.
+mod restart_economy;

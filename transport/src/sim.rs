@@ -82,6 +82,8 @@ struct Machine {
     counter_floor: u64,
     side: u32,
     traffic: Traffic,
+    /// This machine's knobs, when not the simulation's.
+    proto: Option<Config>,
 }
 
 /// The simulator.
@@ -152,6 +154,7 @@ impl Sim {
                 counter_floor: 0,
                 side: 0,
                 traffic: Traffic::default(),
+                proto: None,
             });
         }
         for i in 0..n {
@@ -219,7 +222,8 @@ impl Sim {
         let m = &self.machines[i];
         let replica = Replica::from_state(m.info.id, m.disk.clone(), m.counter_floor);
         let seed = self.rng.random::<u64>();
-        match Node::new(m.info.clone(), replica, seeds, self.proto, seed, self.now_ms) {
+        let proto = m.proto.unwrap_or(self.proto);
+        match Node::new(m.info.clone(), replica, seeds, proto, seed, self.now_ms) {
             Ok(node) => self.machines[i].node = Some(node),
             Err(e) => unreachable!("simulated node info is valid: {e}"),
         }
@@ -249,6 +253,11 @@ impl Sim {
         if self.machines[i].node.is_none() {
             self.start(i);
         }
+    }
+
+    /// Gives machine `i` its own knobs from its next start.
+    pub fn set_machine_config(&mut self, i: usize, proto: Config) {
+        self.machines[i].proto = Some(proto);
     }
 
     /// Every dial so far: (time, dialing machine, dialed machine).

@@ -58,7 +58,10 @@ impl Node {
         match from {
             Some(a) if a >= head => {}
             Some(a) if self.buffer.covers(a) => {
-                match self.buffer.since(a, peer) {
+                // After an adopted checkpoint, what the peer once sent us may be what it
+                // lost (it restarted from an older disk): send that too.
+                let adopted = self.peers.get(&peer).is_some_and(|p| p.adopted);
+                match self.buffer.since(a, (!adopted).then_some(peer)) {
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
@@ -121,7 +124,7 @@ impl Node {
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
-                    self.buffer.push(Some(from), delta);
+                    self.buffer_delta(Some(from), delta);
                     self.schedule_push(now_ms);
                 }
                 None => self.learnt_out_of_band(now_ms),
@@ -136,28 +139,40 @@ impl Node {
         for p in self.peers.values_mut() {
             p.acked = None;
         }
-        // The buffer no longer holds everything learnt since this process started.
-        self.base_valid = false;
+        // The buffer no longer holds everything learnt since any checkpoint.
+        self.checkpoints.clear();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for peer in connected {
             self.send_digest(peer, now_ms);
         }
     }
 
-    /// A peer we have no acknowledgement from (we, or it, restarted) whose digest holds
-    /// everything this process started with lacks only what the buffer holds since: take
-    /// that as its acknowledgement, so it gets deltas, not a full state. A restart after
-    /// missing k changes then costs about k deltas each way, not the registry.
+    /// A peer we have no usable acknowledgement from (we, or it, restarted; or it never
+    /// talked to us) whose digest includes a checkpoint lacks only what the buffer holds
+    /// after it: take that as its acknowledgement, so it gets deltas, not a full state. A
+    /// restart after missing k changes then costs about k deltas each way, not the
+    /// registry. Sound because every change (removals included) is a dot: a context that
+    /// includes the checkpoint's has seen every change up to it.
     pub(super) fn adopt_base(&mut self, peer: ReplicaId, digest: &CausalContext) -> bool {
-        if !(self.base_valid && self.buffer.covers(0) && digest.includes(&self.start_ctx)) {
+        let Some(seq) = self
+            .checkpoints
+            .iter()
+            .rev()
+            .find(|(seq, ctx)| self.buffer.covers(*seq) && digest.includes(ctx))
+            .map(|(seq, _)| *seq)
+        else {
             return false;
-        }
+        };
         match self.peers.get_mut(&peer) {
-            Some(p) if p.acked.is_none() => {
-                p.acked = Some(0);
+            Some(p) => {
+                // An acknowledgement the digest contradicts (the peer restarted from an
+                // older disk) is not trusted either.
+                p.acked = Some(seq);
+                p.sent = None;
+                p.adopted = true;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 }

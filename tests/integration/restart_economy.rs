@@ -1,0 +1,307 @@
+//! The restart-economy rules (../shared/docs/restart-economy.md), each with a test that
+//! fails without it: a restart resumes with deltas, one request per peer at a time, saved
+//! backoff, spread reconnects, an idle cluster quiet but for digests and renewals, and
+//! every off switch honoured by every path. The crash-loop guard, `roster sync` across
+//! processes and saved backoff across real processes are tested in `cli/tests/agents.rs`.
+//!
+//! Simulations print their seed; `ROSTER_SIM_SEED=N` replays one.
+
+use roster_registry::{codec, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
+use roster_transport::backoff::Backoff;
+use roster_transport::proto::{Config, DialTarget, Node, NodeInfo, Output, PeerMemory, Resume};
+use roster_transport::sim::{url, Faults, Sim};
+
+fn sim_seed(name: &str) -> u64 {
+    let seed = crate::support::seed_from_env("ROSTER_SIM_SEED");
+    eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
+    seed
+}
+
+fn config() -> Config {
+    Config {
+        member_lease_ttl_ms: 60_000,
+        expire_holdoff_ms: 90_000,
+        rotate_interval_ms: 0,
+        ..Config::default()
+    }
+}
+
+/// Runs in half-second steps until every running replica holds the same state.
+fn settle(sim: &mut Sim, limit_ms: u64) -> bool {
+    let mut waited = 0;
+    while !sim.converged() {
+        if waited >= limit_ms {
+            return false;
+        }
+        sim.run_for(500);
+        waited += 500;
+    }
+    true
+}
+
+fn register(sim: &mut Sim, on: usize, service: &str, port: u16) {
+    let s = ServiceName::new(service).unwrap();
+    let p = ProviderId::new(&format!("owner-{on}")).unwrap();
+    let ep = Endpoint::new("10.1.1.1", port).unwrap();
+    sim.with_node(on, |n, now| {
+        n.register(s, p, ep, Metadata::default(), 3_600_000, now)
+    })
+    .unwrap()
+    .unwrap();
+}
+
+#[test]
+fn a_restart_after_missing_a_few_changes_costs_deltas_not_the_registry() {
+    let seed = sim_seed("restart_costs_deltas");
+    let mut sim = Sim::new(5, config(), Faults::NONE, seed);
+    sim.run_for(5_000);
+    for i in 0..1_000 {
+        register(&mut sim, 1, &format!("svc-{i}"), 10_000 + i);
+    }
+    assert!(settle(&mut sim, 60_000), "the 1,000 registrations spread");
+    let full = codec::encode_state(sim.node(0).unwrap().replica().state()).len() as u64;
+
+    let r = 4;
+    sim.crash(r);
+    sim.run_for(5_000);
+    for i in 0..10 {
+        register(&mut sim, 2, &format!("late-{i}"), 20_000 + i);
+    }
+    sim.run_for(2_000);
+    let before = sim.traffic(r);
+    let peers_full_before: u64 = (0..4)
+        .map(|i| sim.node(i).unwrap().counters().full_syncs_sent)
+        .sum();
+    sim.restart(r);
+    assert!(settle(&mut sim, 30_000), "the restarted node catches up");
+    sim.run_for(3_000);
+    let after = sim.traffic(r);
+    let moved = (after.bytes_received - before.bytes_received) + (after.bytes_sent - before.bytes_sent);
+    let mine = sim.node(r).unwrap().counters();
+    let peers_full_after: u64 = (0..4)
+        .map(|i| sim.node(i).unwrap().counters().full_syncs_sent)
+        .sum();
+    eprintln!(
+        "restart after 10 missed changes: {moved} bytes each way together, against {full} bytes of state; full syncs: sent {} received {} by it, {} by peers",
+        mine.full_syncs_sent,
+        mine.full_syncs_received,
+        peers_full_after - peers_full_before
+    );
+    assert_eq!(mine.full_syncs_received, 0, "a peer sent the whole registry");
+    assert_eq!(
+        mine.full_syncs_sent, 0,
+        "the restarted node sent the whole registry"
+    );
+    assert_eq!(peers_full_after, peers_full_before);
+    // Digests, acks, the restarted node's own rewrites and a few renewals ride along
+    // (about 5 KB here); without deltas from a checkpoint, the restart cost the whole
+    // state (45 KB) at least once.
+    assert!(
+        moved * 4 < full,
+        "{moved} bytes moved for 10 changes; the state is {full}"
+    );
+}
+
+#[test]
+fn concurrent_reasons_to_ask_a_peer_make_one_request() {
+    let seed = sim_seed("single_flight");
+    let mut sim = Sim::new(
+        2,
+        config(),
+        Faults {
+            min_delay_ms: 50,
+            max_delay_ms: 50,
+            ..Faults::NONE
+        },
+        seed,
+    );
+    sim.run_for(5_000);
+    assert!(settle(&mut sim, 10_000));
+    let digests = |sim: &Sim| sim.traffic_by_kind().get("digest").map_or(0, |d| d.0);
+    let before = digests(&sim);
+    // Five reasons at once (a person's `roster sync`, a watch, a repair...): one digest
+    // crosses; the others share it.
+    for _ in 0..5 {
+        assert!(sim.with_node(1, |n, now| n.sync_now(now)).unwrap());
+    }
+    sim.run_for(20);
+    assert_eq!(digests(&sim) - before, 1, "one request in flight per peer");
+    assert_eq!(sim.node(1).unwrap().counters().digests_coalesced, 4);
+}
+
+#[test]
+fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let start = |resume: Resume| {
+        let (mut node, _) = Node::with_resume(
+            me.clone(),
+            Replica::new(ReplicaId(1)),
+            vec![url(0)],
+            config(),
+            7,
+            1_000_000,
+            resume,
+        )
+        .unwrap();
+        let mut dials = 0;
+        while let Some(o) = node.poll_output() {
+            dials += u32::from(matches!(o, Output::Dial(DialTarget::Seed { .. })));
+        }
+        dials
+    };
+    assert_eq!(
+        start(Resume::default()),
+        1,
+        "without memory it dials its seed at once"
+    );
+    let backed_off = Backoff {
+        failures: 6,
+        not_before_ms: 1_020_000,
+    };
+    let resume = Resume {
+        seeds: vec![(url(0), backed_off)],
+        ..Resume::default()
+    };
+    assert_eq!(start(resume), 0, "the saved backoff holds");
+    let peer = PeerMemory {
+        id: ReplicaId(2),
+        url: Some(url(2)),
+        name: Some("b".into()),
+        backoff: backed_off,
+        full_sent_at: None,
+    };
+    let (node, _) = Node::with_resume(
+        me.clone(),
+        Replica::new(ReplicaId(1)),
+        vec![],
+        config(),
+        7,
+        1_000_000,
+        Resume {
+            peers: vec![peer.clone()],
+            ..Resume::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        node.memory().0,
+        vec![peer],
+        "what it knew is saved again as it was"
+    );
+}
+
+#[test]
+fn the_peers_of_a_restarted_node_come_back_spread_out() {
+    let seed = sim_seed("spread_reconnects");
+    // Every node joins through machine 0 and keeps a connection to it.
+    let cfg = Config {
+        max_outbound: 21,
+        fanout: 3,
+        ..config()
+    };
+    let mut sim = Sim::new(21, cfg, Faults::NONE, seed);
+    sim.run_for(90_000); // connections live past `healthy_after` (60 s)
+    sim.crash(0);
+    // It comes back accepting only, so what is measured is its peers coming back to it.
+    sim.set_machine_config(0, Config { dial: false, ..cfg });
+    sim.run_for(500);
+    sim.restart(0);
+    let from = sim.now_ms();
+    sim.run_for(30_000);
+    let to_zero: Vec<u64> = sim
+        .dial_log()
+        .iter()
+        .filter(|(t, by, to)| *t >= from - 500 && *to == Some(0) && *by != 0)
+        .map(|(t, _, _)| (t - (from - 500)) / 1_000)
+        .collect();
+    let mut per_second = std::collections::BTreeMap::new();
+    for s in &to_zero {
+        *per_second.entry(*s).or_insert(0u32) += 1;
+    }
+    eprintln!("reconnects to the restarted node per second: {per_second:?}");
+    assert!(to_zero.len() >= 10, "most peers come back: {}", to_zero.len());
+    let worst = per_second.values().copied().max().unwrap_or(0);
+    assert!(
+        worst as usize * 3 <= 20,
+        "{worst} of 20 peers reconnected in one second: {per_second:?}"
+    );
+}
+
+#[test]
+fn an_idle_cluster_sends_only_digests_and_renewals() {
+    let seed = sim_seed("idle_quiet");
+    let mut sim = Sim::new(
+        10,
+        Config {
+            rotate_interval_ms: 0,
+            ..config()
+        },
+        Faults::NONE,
+        seed,
+    );
+    sim.run_for(5_000);
+    for i in 0..10 {
+        register(&mut sim, i, &format!("svc-{i}"), 8_000);
+    }
+    sim.run_for(30_000);
+    sim.classify_deltas(true);
+    let before = sim.traffic_by_kind().clone();
+    sim.run_for(180_000);
+    let after = sim.traffic_by_kind().clone();
+    for (kind, (n, _)) in &after {
+        let was = before.get(kind).map_or(0, |b| b.0);
+        if *n > was {
+            assert!(
+                matches!(*kind, "digest" | "delta-leases" | "ack"),
+                "an idle cluster sent {} {kind} messages: {after:?}",
+                n - was
+            );
+        }
+    }
+}
+
+#[test]
+fn a_node_that_may_not_dial_never_dials_by_any_path() {
+    let seed = sim_seed("dial_off");
+    let mut sim = Sim::new(
+        6,
+        Config {
+            rotate_interval_ms: 5_000,
+            reconnect_interval_ms: 2_000,
+            ..config()
+        },
+        Faults::NONE,
+        seed,
+    );
+    sim.run_for(10_000);
+    // Machine 0 is everyone's seed; restart it with dialing off, then make it lose and
+    // regain peers (partition and heal), get redirected, rotate: it must never dial.
+    sim.crash(0);
+    sim.set_machine_config(
+        0,
+        Config {
+            dial: false,
+            ..config()
+        },
+    );
+    sim.restart(0);
+    let dials_before = sim.traffic(0).dials;
+    sim.run_for(30_000);
+    sim.partition(|i| u32::from(i % 2 == 0));
+    sim.run_for(70_000);
+    sim.heal();
+    sim.run_for(60_000);
+    assert_eq!(
+        sim.traffic(0).dials,
+        dials_before,
+        "a node with dialing off dialed"
+    );
+    assert!(
+        sim.node(0).unwrap().connected().len() >= 1,
+        "others still reach it"
+    );
+}
