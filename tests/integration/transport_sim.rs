@@ -293,6 +293,18 @@ fn faults_then_heal(seed: u64) {
                     eprintln!("machine {i} vector differs from machine 0 at {diff:?} (0 has {:?}); head {head}, connected peers (id, acked, sent) {peers:?}", diff.iter().map(|(r, _)| base.get(*r)).collect::<Vec<_>>());
                 }
             }
+            let s0 = sim.node(0).unwrap().replica().state().clone();
+            for i in sim.running() {
+                let si = sim.node(i).unwrap().replica().state();
+                if *si != s0 {
+                    eprintln!(
+                        "machine {i} holds another state than machine 0: contexts equal {}, 0 includes {i}'s {}, {i} includes 0's {}",
+                        si.context() == s0.context(),
+                        s0.context().includes(si.context()),
+                        si.context().includes(s0.context())
+                    );
+                }
+            }
             panic!("not converged {limit_s} s after healing (seed {seed})")
         }
     }

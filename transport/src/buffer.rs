@@ -75,13 +75,12 @@ impl DeltaBuffer {
 
     /// The join of the deltas after `acked`, leaving out those learnt from `exclude`;
     /// `None` when there is nothing to send. The caller checks [`DeltaBuffer::covers`].
-    pub fn since(&self, acked: u64, exclude: impl Into<Option<ReplicaId>>) -> Option<State> {
-        let exclude = exclude.into();
+    pub fn since(&self, acked: u64, exclude: ReplicaId) -> Option<State> {
         let mut out: Option<State> = None;
         for e in self
             .entries
             .iter()
-            .filter(|e| e.seq > acked && (exclude.is_none() || e.origin != exclude))
+            .filter(|e| e.seq > acked && e.origin != Some(exclude))
         {
             match &mut out {
                 Some(s) => {

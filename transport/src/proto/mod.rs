@@ -55,9 +55,6 @@ pub const DIGEST_COALESCE_MS: u64 = 2_000;
 /// already: the long backoff (the cap) from the first failure.
 const GUARDED_FAILURES: u32 = 8;
 
-/// How often (in buffered deltas) the context is noted for [`Node`]'s checkpoints.
-const CHECKPOINT_EVERY: u64 = 64;
-
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
 
@@ -261,9 +258,6 @@ struct Peer {
     advertised: Option<String>,
     /// When we sent it a digest it has not answered yet (single flight).
     digest_sent_at: Option<u64>,
-    /// Its acknowledgement was taken from a checkpoint its digest includes, not from an
-    /// ack: until it acks, send it what it sent us too.
-    adopted: bool,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
 }
@@ -383,10 +377,6 @@ pub struct Node {
     /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
     /// full state sent unasked.
     guarded: bool,
-    /// Contexts at some buffer positions (every [`CHECKPOINT_EVERY`] deltas, and where
-    /// this process started), while the buffer holds every delta since: a peer whose
-    /// digest includes one needs only the buffer after it, not a full state.
-    checkpoints: VecDeque<(u64, CausalContext)>,
 }
 
 fn member_provider(id: ReplicaId) -> ProviderId {
@@ -489,10 +479,7 @@ impl Node {
             counters: Counters::default(),
             stopping: false,
             guarded: resume.crash_guard,
-            checkpoints: VecDeque::new(),
         };
-        let start = (node.buffer.head(), node.replica.context().clone());
-        node.checkpoints.push_back(start);
         for m in &resume.peers {
             if m.id == node.me.id {
                 continue;
@@ -758,7 +745,7 @@ impl Node {
     }
 
     fn local_delta(&mut self, delta: State, changes: Vec<Change>, now_ms: u64) {
-        self.buffer_delta(None, delta);
+        self.buffer.push(None, delta);
         self.schedule_push(now_ms);
         self.emit_changes(changes, now_ms);
     }
@@ -781,28 +768,12 @@ impl Node {
             }
             let now = self.clock.tick(now_ms);
             if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, o.ttl_ms, now) {
-                self.buffer_delta(None, applied.delta);
+                self.buffer.push(None, applied.delta);
                 self.schedule_push(now_ms);
                 for c in applied.changes {
                     self.outputs.push_back(Output::Event(c));
                 }
             }
-        }
-    }
-
-    /// Appends a delta to the buffer, noting a checkpoint now and then, and forgetting
-    /// those the buffer no longer covers.
-    pub(super) fn buffer_delta(&mut self, origin: Option<ReplicaId>, delta: State) {
-        let head = self.buffer.push(origin, delta);
-        if head.is_multiple_of(CHECKPOINT_EVERY) {
-            self.checkpoints.push_back((head, self.replica.context().clone()));
-        }
-        while self
-            .checkpoints
-            .front()
-            .is_some_and(|(seq, _)| !self.buffer.covers(*seq))
-        {
-            self.checkpoints.pop_front();
         }
     }
 
@@ -878,7 +849,7 @@ impl Node {
         for (p, ttl) in providers {
             let now = self.clock.tick(now_ms);
             if let Ok(applied) = self.replica.renew(p, ttl, now) {
-                self.buffer_delta(None, applied.delta);
+                self.buffer.push(None, applied.delta);
                 self.schedule_push(now_ms);
             }
             next = next.min(ttl / 3);
@@ -965,7 +936,6 @@ impl Node {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
                             self.sync_peer(peer, false, now_ms)
                         }
-                        _ if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now_ms),
                         // Under the crash-loop guard, no full state unless the peer asks.
                         _ if in_flight || self.guarded => {}
                         _ => self.send_full(peer, &theirs, now_ms),
@@ -997,7 +967,6 @@ impl Node {
                 let p = self.peers.entry(peer).or_default();
                 p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
                 p.full_sent_at = None;
-                p.adopted = false;
             }
             Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
             Message::Redirect { urls } => {
@@ -1041,7 +1010,7 @@ impl Node {
         for p in providers {
             if let Some(applied) = self.replica.deregister_provider(&p, now_ms) {
                 farewell.join(applied.delta.clone());
-                self.buffer_delta(None, applied.delta);
+                self.buffer.push(None, applied.delta);
                 for c in applied.changes {
                     self.outputs.push_back(Output::Event(c));
                 }

@@ -58,10 +58,7 @@ impl Node {
         match from {
             Some(a) if a >= head => {}
             Some(a) if self.buffer.covers(a) => {
-                // After an adopted checkpoint, what the peer once sent us may be what it
-                // lost (it restarted from an older disk): send that too.
-                let adopted = self.peers.get(&peer).is_some_and(|p| p.adopted);
-                match self.buffer.since(a, (!adopted).then_some(peer)) {
+                match self.buffer.since(a, peer) {
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
@@ -78,7 +75,6 @@ impl Node {
             _ if repair => {
                 let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
                 match digest {
-                    Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now_ms),
                     // Under the crash-loop guard, no full state unless the peer asks.
                     _ if paused || self.guarded => {}
                     Some(digest) => self.send_full(peer, &digest, now_ms),
@@ -124,7 +120,7 @@ impl Node {
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
-                    self.buffer_delta(Some(from), delta);
+                    self.buffer.push(Some(from), delta);
                     self.schedule_push(now_ms);
                 }
                 None => self.learnt_out_of_band(now_ms),
@@ -139,40 +135,9 @@ impl Node {
         for p in self.peers.values_mut() {
             p.acked = None;
         }
-        // The buffer no longer holds everything learnt since any checkpoint.
-        self.checkpoints.clear();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for peer in connected {
             self.send_digest(peer, now_ms);
-        }
-    }
-
-    /// A peer we have no usable acknowledgement from (we, or it, restarted; or it never
-    /// talked to us) whose digest includes a checkpoint lacks only what the buffer holds
-    /// after it: take that as its acknowledgement, so it gets deltas, not a full state. A
-    /// restart after missing k changes then costs about k deltas each way, not the
-    /// registry. Sound because every change (removals included) is a dot: a context that
-    /// includes the checkpoint's has seen every change up to it.
-    pub(super) fn adopt_base(&mut self, peer: ReplicaId, digest: &CausalContext) -> bool {
-        let Some(seq) = self
-            .checkpoints
-            .iter()
-            .rev()
-            .find(|(seq, ctx)| self.buffer.covers(*seq) && digest.includes(ctx))
-            .map(|(seq, _)| *seq)
-        else {
-            return false;
-        };
-        match self.peers.get_mut(&peer) {
-            Some(p) => {
-                // An acknowledgement the digest contradicts (the peer restarted from an
-                // older disk) is not trusted either.
-                p.acked = Some(seq);
-                p.sent = None;
-                p.adopted = true;
-                true
-            }
-            None => false,
         }
     }
 }
