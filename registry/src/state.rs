@@ -455,6 +455,56 @@ impl State {
         }
     }
 
+    /// This delta without what a peer whose context is `peer` has already seen: values
+    /// whose dots it holds are left out, and so are their dots in the context (so the
+    /// join leaves its copies alone); every dot without a value (a removal, or a removed
+    /// write) stays, with the delta's key hints, so removals still reach it. Joining the
+    /// result into any state whose context includes `peer` gives what joining the whole
+    /// delta would.
+    /// A state carrying retirements is returned whole (they are not dots to trim).
+    pub fn trimmed_for(&self, peer: &CausalContext) -> State {
+        if self.ctx.retired().next().is_some() {
+            return self.clone();
+        }
+        let mut out = State::new_delta();
+        let mut stored = BTreeSet::new();
+        for (k, f) in &self.regs {
+            for (d, v) in f.iter() {
+                stored.insert(d.clone());
+                if !peer.contains(d) {
+                    out.insert_reg(k.clone(), d.clone(), v.clone());
+                }
+            }
+        }
+        for (p, f) in &self.leases {
+            for (d, v) in f.iter() {
+                stored.insert(d.clone());
+                if !peer.contains(d) {
+                    out.insert_lease(p.clone(), d.clone(), *v);
+                }
+            }
+        }
+        let vector = self
+            .ctx
+            .vector()
+            .flat_map(|(r, base)| (1..=base).map(move |c| crate::id::dot(r, c)));
+        let kept: Vec<Dot> = vector
+            .chain(self.ctx.cloud().cloned())
+            .filter(|d| !stored.contains(d) || !peer.contains(d))
+            .collect();
+        let mut out = out.with_context(CausalContext::from_dots(kept));
+        match (&mut out.touched, &self.touched) {
+            (Some(mine), Some(theirs)) => {
+                mine.regs.extend(theirs.regs.iter().cloned());
+                mine.leases.extend(theirs.leases.iter().cloned());
+            }
+            // A full-like delta visits every key; so must its trimmed form.
+            (_, None) => out.touched = None,
+            (None, Some(_)) => {}
+        }
+        out
+    }
+
     /// The registration keys holding a value written by `replica`.
     pub fn written_by(&self, replica: crate::id::ReplicaId) -> Vec<RegKey> {
         let mut keys = Vec::new();

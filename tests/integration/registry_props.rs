@@ -809,3 +809,18 @@ fn a_replica_that_missed_a_removal_has_a_smaller_context() {
     b.apply(sweep.delta, 10_000);
     assert!(b.context().includes(c.context()));
 }
+
+#[test]
+fn a_state_trimmed_for_a_peer_joins_into_it_as_the_whole_does() {
+    check(
+        "trimmed_for_equals_the_whole",
+        CASES,
+        (|s: Schedule| {
+            let (x, y, z) = three_states(&s);
+            // Into the peer itself, and into any state that has seen at least as much.
+            let later = join(&y, &z);
+            join(&y, &x.trimmed_for(y.context())) == join(&y, &x)
+                && join(&later, &x.trimmed_for(y.context())) == join(&later, &x)
+        }) as fn(Schedule) -> bool,
+    );
+}

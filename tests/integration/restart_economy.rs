@@ -1,12 +1,12 @@
 //! The restart-economy rules (../shared/docs/restart-economy.md), each with a test that
 //! fails without it: one request per peer at a time, saved backoff, spread reconnects, an
 //! idle cluster quiet but for digests and renewals, and every off switch honoured by every
-//! path. (Resuming with deltas only is not done yet: see docs/design.md.) The crash-loop guard, `roster sync` across
+//! path, and a restart resumes with deltas. The crash-loop guard, `roster sync` across
 //! processes and saved backoff across real processes are tested in `cli/tests/agents.rs`.
 //!
 //! Simulations print their seed; `ROSTER_SIM_SEED=N` replays one.
 
-use roster_registry::{Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
+use roster_registry::{codec, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::backoff::Backoff;
 use roster_transport::proto::{Config, DialTarget, Node, NodeInfo, Output, PeerMemory, Resume};
 use roster_transport::sim::{url, Faults, Sim};
@@ -48,6 +48,57 @@ fn register(sim: &mut Sim, on: usize, service: &str, port: u16) {
     })
     .unwrap()
     .unwrap();
+}
+
+#[test]
+fn a_restart_after_missing_a_few_changes_costs_deltas_not_the_registry() {
+    let seed = sim_seed("restart_costs_deltas");
+    let mut sim = Sim::new(5, config(), Faults::NONE, seed);
+    sim.run_for(5_000);
+    for i in 0..1_000 {
+        register(&mut sim, 1, &format!("svc-{i}"), 10_000 + i);
+    }
+    assert!(settle(&mut sim, 60_000), "the 1,000 registrations spread");
+    let full = codec::encode_state(sim.node(0).unwrap().replica().state()).len() as u64;
+
+    let r = 4;
+    sim.crash(r);
+    sim.run_for(5_000);
+    for i in 0..10 {
+        register(&mut sim, 2, &format!("late-{i}"), 20_000 + i);
+    }
+    sim.run_for(2_000);
+    let before = sim.traffic(r);
+    let peers_full_before: u64 = (0..4)
+        .map(|i| sim.node(i).unwrap().counters().full_syncs_sent)
+        .sum();
+    sim.restart(r);
+    assert!(settle(&mut sim, 30_000), "the restarted node catches up");
+    sim.run_for(3_000);
+    let after = sim.traffic(r);
+    let moved = (after.bytes_received - before.bytes_received) + (after.bytes_sent - before.bytes_sent);
+    let mine = sim.node(r).unwrap().counters();
+    let peers_full_after: u64 = (0..4)
+        .map(|i| sim.node(i).unwrap().counters().full_syncs_sent)
+        .sum();
+    eprintln!(
+        "restart after 10 missed changes: {moved} bytes both ways, against {full} bytes of state; full syncs: sent {} received {} by it, {} by peers",
+        mine.full_syncs_sent,
+        mine.full_syncs_received,
+        peers_full_after - peers_full_before
+    );
+    assert_eq!(mine.full_syncs_received, 0, "a peer sent the whole registry");
+    assert_eq!(
+        mine.full_syncs_sent, 0,
+        "the restarted node sent the whole registry"
+    );
+    assert_eq!(peers_full_after, peers_full_before);
+    // Digests, acks, its own rewrites and a few renewals ride along (about 5 KB here);
+    // a full state would be 45 KB at least once.
+    assert!(
+        moved * 4 < full,
+        "{moved} bytes moved for 10 changes; the state is {full}"
+    );
 }
 
 #[test]

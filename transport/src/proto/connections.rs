@@ -235,6 +235,8 @@ impl Node {
                 p.sent = None;
                 p.full_sent_at = None;
                 p.digest_sent_at = None;
+                // It may come back from an older disk: its next digest tells.
+                p.digest = None;
                 p.last_seen_ms = now_ms;
             }
         }

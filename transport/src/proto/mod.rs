@@ -258,6 +258,9 @@ struct Peer {
     advertised: Option<String>,
     /// When we sent it a digest it has not answered yet (single flight).
     digest_sent_at: Option<u64>,
+    /// Its acknowledgement was taken from its digest (see `adopt_base`), not from an ack:
+    /// until it acks, what it is sent is trimmed by that digest.
+    adopted: bool,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
 }
@@ -377,6 +380,11 @@ pub struct Node {
     /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
     /// full state sent unasked.
     guarded: bool,
+    /// The context this process started from, and whether the buffer has held every
+    /// delta since: a peer with no known acknowledgement whose digest includes it needs
+    /// only the buffer (trimmed by its digest), not a full state.
+    start_ctx: CausalContext,
+    base_valid: bool,
 }
 
 fn member_provider(id: ReplicaId) -> ProviderId {
@@ -479,7 +487,10 @@ impl Node {
             counters: Counters::default(),
             stopping: false,
             guarded: resume.crash_guard,
+            start_ctx: CausalContext::new(),
+            base_valid: true,
         };
+        node.start_ctx = node.replica.context().clone();
         for m in &resume.peers {
             if m.id == node.me.id {
                 continue;
@@ -937,6 +948,7 @@ impl Node {
                             self.sync_peer(peer, false, now_ms)
                         }
                         // Under the crash-loop guard, no full state unless the peer asks.
+                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now_ms),
                         _ if in_flight || self.guarded => {}
                         _ => self.send_full(peer, &theirs, now_ms),
                     }
@@ -967,6 +979,7 @@ impl Node {
                 let p = self.peers.entry(peer).or_default();
                 p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
                 p.full_sent_at = None;
+                p.adopted = false;
             }
             Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
             Message::Redirect { urls } => {

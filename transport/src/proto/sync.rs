@@ -59,7 +59,18 @@ impl Node {
             Some(a) if a >= head => {}
             Some(a) if self.buffer.covers(a) => {
                 match self.buffer.since(a, peer) {
-                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
+                    Some(delta) => {
+                        // Since the start of this process, to a peer whose digest says it
+                        // has most of it already: only what it lacks.
+                        let delta = match self.peers.get(&peer) {
+                            Some(p) if p.adopted => match &p.digest {
+                                Some(d) => delta.trimmed_for(d),
+                                None => delta,
+                            },
+                            _ => delta,
+                        };
+                        self.send_to_peer(peer, Message::delta(head, &delta), now_ms)
+                    }
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
                         if let Some(p) = self.peers.get_mut(&peer) {
@@ -76,6 +87,7 @@ impl Node {
                 let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
                 match digest {
                     // Under the crash-loop guard, no full state unless the peer asks.
+                    Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now_ms),
                     _ if paused || self.guarded => {}
                     Some(digest) => self.send_full(peer, &digest, now_ms),
                     None => self.send_digest(peer, now_ms),
@@ -132,12 +144,33 @@ impl Node {
     /// A full sync taught us things the buffer does not hold: peers' acknowledgements no
     /// longer mean they have everything we have, so ask each what it lacks.
     pub(super) fn learnt_out_of_band(&mut self, now_ms: u64) {
+        // The buffer no longer holds everything learnt since this process started.
+        self.base_valid = false;
         for p in self.peers.values_mut() {
             p.acked = None;
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for peer in connected {
             self.send_digest(peer, now_ms);
+        }
+    }
+
+    /// A peer with no acknowledgement from this process (it, or we, restarted) whose
+    /// digest includes what this process started from lacks only what the buffer holds
+    /// since: take that as its acknowledgement, and send the buffer trimmed by its digest
+    /// (`State::trimmed_for`), not a full state. A restart after missing k changes then
+    /// costs about k deltas each way, not the registry.
+    pub(super) fn adopt_base(&mut self, peer: ReplicaId, digest: &CausalContext) -> bool {
+        if !(self.base_valid && self.buffer.covers(0) && digest.includes(&self.start_ctx)) {
+            return false;
+        }
+        match self.peers.get_mut(&peer) {
+            Some(p) if p.acked.is_none() => {
+                p.acked = Some(0);
+                p.adopted = true;
+                true
+            }
+            _ => false,
         }
     }
 }
