@@ -47,6 +47,8 @@ pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
 /// the application (`DriverConfig::clients`) after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
+/// How long a node that another node answered for is left alone.
+const WRONG_PEER_RETRY_MS: u64 = 5 * 60 * 1000;
 /// How long a closing connection waits for the peer's close frame.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// The longest close reason a WebSocket close frame carries, in bytes.
@@ -336,6 +338,9 @@ impl Fail {
             Fail::Handshake(e) => e.failure(),
             // A certificate that does not verify will not fix itself in seconds.
             Fail::Tls(_) => Failure::Auth,
+            // Another node answers at that address now (the one dialed restarted with a
+            // new identity, say): the one dialed is not coming back there soon.
+            Fail::WrongPeer { .. } => Failure::RetryAfter(WRONG_PEER_RETRY_MS),
             _ => Failure::Network,
         }
     }

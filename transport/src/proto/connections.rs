@@ -30,6 +30,8 @@ impl Node {
             .members(now_ms)
             .into_iter()
             .filter(|(id, _, _)| !connected.contains(id))
+            // An old identity at our own address (a restart that lost its data) is us.
+            .filter(|(_, url, _)| *url != self.me.url)
             .filter(|(id, _, _)| {
                 self.peers
                     .get(id)
@@ -94,6 +96,7 @@ impl Node {
                 !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now_ms)
             })
             .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .filter(|(_, url)| *url != self.me.url)
             .collect();
         if lost.is_empty() {
             return;
