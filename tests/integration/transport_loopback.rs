@@ -845,3 +845,37 @@ async fn limits_that_cannot_work_together_stop_the_start() {
         assert!(e.to_string().contains(what), "{e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_under_reconnect_pressure_sheds_peers_with_a_retry_after_hint() {
+    let mut cfg = config("a", None);
+    cfg.limits.peer_accepts_per_second = 1;
+    cfg.limits.peer_accept_burst = 2;
+    let a = start(1, cfg, &[]).await;
+    // Two upgrades within the burst pass; the third from the same address is shed.
+    let _one = raw_client(&a).await;
+    let _two = raw_client(&a).await;
+    let tcp = TcpStream::connect(a.local_addr()).await.unwrap();
+    let uri: Uri = a.info().url.parse().unwrap();
+    let request = ClientRequestBuilder::new(uri).with_sub_protocol("roster.v1");
+    match tokio_tungstenite::client_async(request, tcp).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503);
+            let secs: u64 = resp.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
+            assert!((1..=5).contains(&secs), "Retry-After {secs}");
+        }
+        other => panic!("expected a 503 with Retry-After, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(a.counters().driver.peers_shed, 1);
+    // A node dialing it takes the hint: it does not come back at once.
+    let mut bcfg = config("b", None);
+    bcfg.protocol.backoff.base_ms = 10;
+    let b = start(2, bcfg, &[&a]).await;
+    sleep(Duration::from_millis(800)).await;
+    assert!(
+        b.counters().protocol.dials <= 1,
+        "the dialer came back within the hint: {} dials",
+        b.counters().protocol.dials
+    );
+    shutdown_all(&[&a, &b]).await;
+}

@@ -47,6 +47,8 @@ pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
 /// the application (`DriverConfig::clients`) after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
+/// Source addresses tracked for the peer accept rate (the map is reset past it).
+const MAX_ACCEPT_BUCKETS: usize = 4_096;
 /// How long a node that another node answered for is left alone.
 const WRONG_PEER_RETRY_MS: u64 = 5 * 60 * 1000;
 /// How long a closing connection waits for the peer's close frame.
@@ -231,6 +233,8 @@ pub(super) struct Shared {
     pub tls: Option<Tls>,
     /// Where client connections go; `None` refuses them.
     pub clients: Option<mpsc::Sender<ClientConn>>,
+    /// Peer accepts per source address (load shedding).
+    accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
     next_conn: AtomicU64,
 }
 
@@ -276,8 +280,23 @@ impl Shared {
             abort: CancellationToken::new(),
             tls,
             clients,
+            accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(1),
         }
+    }
+
+    /// Whether a peer connection from `ip` may be accepted now (a token per address).
+    fn may_accept_peer(&self, ip: std::net::IpAddr) -> bool {
+        let Ok(mut map) = self.accepts.lock() else {
+            return true;
+        };
+        if map.len() >= MAX_ACCEPT_BUCKETS && !map.contains_key(&ip) {
+            map.clear();
+        }
+        let (rate, burst) = (self.limits.peer_accepts_per_second, self.limits.peer_accept_burst);
+        map.entry(ip)
+            .or_insert_with(|| TokenBucket::new(rate, burst, Instant::now()))
+            .take(Instant::now())
     }
 
     /// A connection id no other connection of this driver had.
@@ -328,6 +347,8 @@ enum Fail {
     Tls(String),
     /// Another node answered than the one dialed.
     WrongPeer { expected: String, got: String },
+    /// The peer sheds load: come back after this many milliseconds.
+    Busy(u64),
     /// The node is shutting down.
     Cancelled,
 }
@@ -341,6 +362,7 @@ impl Fail {
             // Another node answers at that address now (the one dialed restarted with a
             // new identity, say): the one dialed is not coming back there soon.
             Fail::WrongPeer { .. } => Failure::RetryAfter(WRONG_PEER_RETRY_MS),
+            Fail::Busy(ms) => Failure::RetryAfter(*ms),
             _ => Failure::Network,
         }
     }
@@ -391,6 +413,11 @@ impl Fail {
                 peer = who,
                 "connection failed before the handshake completed: {e}"
             ),
+            Fail::Busy(ms) => info!(
+                node,
+                peer = who,
+                "the peer sheds load; retrying after {ms} ms at the earliest"
+            ),
             Fail::Cancelled => {}
         }
     }
@@ -407,7 +434,7 @@ impl Fail {
                 &format!("message over {max_size} bytes"),
             )),
             Fail::WrongPeer { .. } => Some(close_frame(CloseCode::Policy, "not the node dialed")),
-            Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Cancelled => None,
+            Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Busy(_) | Fail::Cancelled => None,
         }
     }
 }
@@ -416,6 +443,17 @@ fn ws_fail(e: WsError) -> Fail {
     match e {
         WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
             Fail::Oversize { size, max_size }
+        }
+        // A node shedding load says when to come back; the backoff takes it as a floor.
+        WsError::Http(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+            let secs = resp
+                .headers()
+                .get("Retry-After")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(5)
+                .min(3_600);
+            Fail::Busy(secs * 1_000)
         }
         e => Fail::Network(e.to_string()),
     }
@@ -546,6 +584,7 @@ fn check_subprotocol(
     req: &Request,
     mut resp: Response,
     clients: Option<&AtomicBool>,
+    admit_peer: &mut dyn FnMut() -> Option<u64>,
 ) -> Result<Response, ErrorResponse> {
     let offered: Vec<&str> = req
         .headers()
@@ -556,6 +595,15 @@ fn check_subprotocol(
         .map(str::trim)
         .collect();
     let chosen = if offered.contains(&SUBPROTOCOL) {
+        if let Some(retry_s) = admit_peer() {
+            let mut e =
+                ErrorResponse::new(Some("too many connections from this address; retry later".into()));
+            *e.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            if let Ok(v) = HeaderValue::from_str(&retry_s.to_string()) {
+                e.headers_mut().insert("Retry-After", v);
+            }
+            return Err(e);
+        }
         SUBPROTOCOL
     } else if let (Some(flag), true) = (clients, offered.contains(&CLIENT_SUBPROTOCOL)) {
         flag.store(true, Ordering::Relaxed);
@@ -625,7 +673,18 @@ async fn accept_over(
         let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
-            |req: &Request, resp: Response| check_subprotocol(req, resp, flag),
+            |req: &Request, resp: Response| {
+                let mut admit = || {
+                    if shared.may_accept_peer(addr.ip()) {
+                        return None;
+                    }
+                    bump(&shared.counts.peers_shed);
+                    warn!(node = shared.node(), peer = %addr, "shed a peer connection: too many from that address");
+                    // Come back in 1 to 5 s, spread.
+                    Some(1 + getrandom::u64().unwrap_or(0) % 5)
+                };
+                check_subprotocol(req, resp, flag, &mut admit)
+            },
             Some(shared.ws_config()),
         )
         .await

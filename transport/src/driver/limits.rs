@@ -43,6 +43,12 @@ pub struct Limits {
     pub send_queue_bytes: usize,
     /// How long a graceful shutdown may take before the remaining connections are cut.
     pub shutdown_deadline: Duration,
+    /// Peer connections accepted per second from one address, on average; over it the
+    /// upgrade is refused with `503` and a `Retry-After` hint the dialer honours (load
+    /// shedding when a fleet reconnects at once). Clients are not limited by it.
+    pub peer_accepts_per_second: u32,
+    /// Peer connections one address may open in a burst above the average.
+    pub peer_accept_burst: u32,
 }
 
 impl Default for Limits {
@@ -57,6 +63,8 @@ impl Default for Limits {
             send_queue_depth: 1_024,
             send_queue_bytes: 128 << 20,
             shutdown_deadline: Duration::from_secs(2),
+            peer_accepts_per_second: 5,
+            peer_accept_burst: 20,
         }
     }
 }
@@ -118,6 +126,8 @@ pub struct DriverCounters {
     pub slow_peers: u64,
     /// Dials that failed (network, handshake, or another node answering).
     pub dial_failures: u64,
+    /// Peer connections refused with a retry-after hint (one address connected too often).
+    pub peers_shed: u64,
     /// WebSocket frames sent to peers after their handshake.
     pub frames_sent: u64,
     /// Bytes of those frames (payload).
@@ -143,6 +153,7 @@ pub(super) struct Counts {
     pub rate_limited: AtomicU64,
     pub slow_peers: AtomicU64,
     pub dial_failures: AtomicU64,
+    pub peers_shed: AtomicU64,
     pub frames_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub frames_received: AtomicU64,
@@ -170,6 +181,7 @@ impl Counts {
             rate_limited: g(&self.rate_limited),
             slow_peers: g(&self.slow_peers),
             dial_failures: g(&self.dial_failures),
+            peers_shed: g(&self.peers_shed),
             frames_sent: g(&self.frames_sent),
             bytes_sent: g(&self.bytes_sent),
             frames_received: g(&self.frames_received),
