@@ -210,7 +210,7 @@ fn the_peers_of_a_restarted_node_come_back_spread_out() {
     sim.run_for(500);
     sim.restart(0);
     let from = sim.now_ms();
-    sim.run_for(30_000);
+    sim.run_for(40_000);
     let to_zero: Vec<u64> = sim
         .dial_log()
         .iter()
@@ -303,4 +303,45 @@ fn a_node_that_may_not_dial_never_dials_by_any_path() {
         !sim.node(0).unwrap().connected().is_empty(),
         "others still reach it"
     );
+}
+
+#[test]
+fn under_the_crash_guard_a_launch_waits_before_it_dials_and_keeps_to_one_connection() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let cfg = config();
+    let (mut node, _) = Node::with_resume(
+        me,
+        Replica::new(ReplicaId(1)),
+        vec![url(0), url(2), url(3)],
+        cfg,
+        11,
+        1_000_000,
+        Resume {
+            crash_guard: true,
+            ..Resume::default()
+        },
+    )
+    .unwrap();
+    let mut dials = Vec::new();
+    let mut now = 1_000_000;
+    let until = now + cfg.member_lease_ttl_ms / 3 + 2 * cfg.gossip_interval_ms;
+    while now <= until {
+        node.handle_timeout(now);
+        while let Some(o) = node.poll_output() {
+            if let Output::Dial(t) = o {
+                dials.push((now, t));
+            }
+        }
+        now += 100;
+    }
+    assert_eq!(
+        dials.len(),
+        1,
+        "one connection at a time under the guard: {dials:?}"
+    );
+    assert!(dials[0].0 > 1_000_000, "a guarded launch does not dial at once");
 }

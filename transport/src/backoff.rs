@@ -37,7 +37,7 @@ impl Default for BackoffPolicy {
             auth_cap_ms: 300_000,
             healthy_after_ms: 60_000,
             jitter_permille: 500,
-            reconnect_spread_ms: 10_000,
+            reconnect_spread_ms: 20_000,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::message::{self, Message};
 impl Node {
     /// Live members we may dial: not connected, not being dialed, past their backoff.
     pub(super) fn dial_more(&mut self, now_ms: u64) {
-        if !self.cfg.dial || self.stopping {
+        if !self.cfg.dial || self.stopping || (self.guarded && now_ms < self.guard_dial_at) {
             return;
         }
         let outbound = self.conns.values().filter(|c| c.outbound).count()

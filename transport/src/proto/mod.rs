@@ -380,6 +380,10 @@ pub struct Node {
     /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
     /// full state sent unasked.
     guarded: bool,
+    /// Under the guard, no dial before this time (drawn at start within a third of the
+    /// member lease): most launches of a tight crash loop end before they connect, while
+    /// the last live process's lease still covers what it owns.
+    guard_dial_at: u64,
     /// The context this process started from, and whether the buffer has held every
     /// delta since: a peer with no known acknowledgement whose digest includes it needs
     /// only the buffer (trimmed by its digest), not a full state.
@@ -487,6 +491,7 @@ impl Node {
             counters: Counters::default(),
             stopping: false,
             guarded: resume.crash_guard,
+            guard_dial_at: 0,
             start_ctx: CausalContext::new(),
             base_valid: true,
         };
@@ -515,6 +520,10 @@ impl Node {
             cfg.member_lease_ttl_ms,
             now_ms,
         )?;
+        if node.guarded {
+            let third = cfg.member_lease_ttl_ms / 3;
+            node.guard_dial_at = now_ms + node.rng.random_range(0..=third);
+        }
         let resumed = node.resume(resume, now_ms);
         node.dial_more(now_ms);
         Ok((node, resumed))
