@@ -306,20 +306,25 @@ fn a_node_that_may_not_dial_never_dials_by_any_path() {
 }
 
 #[test]
-fn under_the_crash_guard_a_launch_waits_before_it_dials_and_keeps_to_one_connection() {
+fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_one_connection() {
     let me = NodeInfo {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
     };
     let cfg = config();
+    let t0 = 1_000_000;
+    // The previous process renewed its membership at t0, then crashed.
+    let before = Node::new(me.clone(), Replica::new(ReplicaId(1)), vec![url(0)], cfg, 3, t0).unwrap();
+    let saved = before.replica().clone();
+    let launched = t0 + 1_000;
     let (mut node, _) = Node::with_resume(
         me,
-        Replica::new(ReplicaId(1)),
+        saved,
         vec![url(0), url(2), url(3)],
         cfg,
         11,
-        1_000_000,
+        launched,
         Resume {
             crash_guard: true,
             ..Resume::default()
@@ -327,9 +332,8 @@ fn under_the_crash_guard_a_launch_waits_before_it_dials_and_keeps_to_one_connect
     )
     .unwrap();
     let mut dials = Vec::new();
-    let mut now = 1_000_000;
-    let until = now + cfg.member_lease_ttl_ms / 3 + 2 * cfg.gossip_interval_ms;
-    while now <= until {
+    let mut now = launched;
+    while now <= t0 + cfg.member_lease_ttl_ms {
         node.handle_timeout(now);
         while let Some(o) = node.poll_output() {
             if let Output::Dial(t) = o {
@@ -343,5 +347,17 @@ fn under_the_crash_guard_a_launch_waits_before_it_dials_and_keeps_to_one_connect
         1,
         "one connection at a time under the guard: {dials:?}"
     );
-    assert!(dials[0].0 > 1_000_000, "a guarded launch does not dial at once");
+    let due = t0 + cfg.member_lease_ttl_ms - cfg.member_lease_ttl_ms / 3;
+    assert!(
+        dials[0].0 >= due,
+        "dialed at +{} ms, before a third of the last lease was left (+{} ms)",
+        dials[0].0 - t0,
+        due - t0
+    );
+    // And what it renews under the guard lasts four times longer.
+    let lease = node
+        .replica()
+        .lease_of(&ProviderId::new("node-0000000000000001").unwrap())
+        .unwrap();
+    assert_eq!(lease.ttl_ms, 4 * cfg.member_lease_ttl_ms);
 }

@@ -55,6 +55,10 @@ pub const DIGEST_COALESCE_MS: u64 = 2_000;
 /// already: the long backoff (the cap) from the first failure.
 const GUARDED_FAILURES: u32 = 8;
 
+/// Under the crash-loop guard, this node's leases are written this many times longer,
+/// so a connection now and then keeps what it owns alive (at most 24 h).
+const GUARDED_LEASE_FACTOR: u64 = 4;
+
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
 
@@ -512,6 +516,20 @@ impl Node {
                 s.0 = *b;
             }
         }
+        if node.guarded {
+            // What the last processes renewed is still alive at peers until its lease
+            // ends: dial only when a third of it is left (or at once if none is known).
+            let mut providers: BTreeSet<ProviderId> =
+                resume.owned.iter().map(|o| o.provider.clone()).collect();
+            providers.insert(member_provider(node.me.id));
+            let due = providers
+                .iter()
+                .filter_map(|p| node.replica.lease_of(p))
+                .map(|l| l.deadline_ms().saturating_sub(l.ttl_ms / 3))
+                .min()
+                .unwrap_or(now_ms);
+            node.guard_dial_at = due.max(now_ms);
+        }
         node.register(
             members_service(),
             member_provider(node.me.id),
@@ -520,10 +538,6 @@ impl Node {
             cfg.member_lease_ttl_ms,
             now_ms,
         )?;
-        if node.guarded {
-            let third = cfg.member_lease_ttl_ms / 3;
-            node.guard_dial_at = now_ms + node.rng.random_range(0..=third);
-        }
         let resumed = node.resume(resume, now_ms);
         node.dial_more(now_ms);
         Ok((node, resumed))
@@ -603,7 +617,7 @@ impl Node {
             provider.clone(),
             endpoint.clone(),
             meta.clone(),
-            ttl_ms,
+            self.lease_ttl(ttl_ms),
             now,
         )?;
         self.owned.insert(
@@ -686,6 +700,17 @@ impl Node {
         self.guarded = on;
         if !on {
             self.dial_more(now_ms);
+        }
+    }
+
+    /// The lease to write for a registration of `ttl_ms`: longer under the crash guard.
+    fn lease_ttl(&self, ttl_ms: u64) -> u64 {
+        if self.guarded {
+            ttl_ms
+                .saturating_mul(GUARDED_LEASE_FACTOR)
+                .min(roster_registry::MAX_LEASE_TTL_MS)
+        } else {
+            ttl_ms
         }
     }
 
@@ -868,6 +893,7 @@ impl Node {
         let mut next = u64::MAX;
         for (p, ttl) in providers {
             let now = self.clock.tick(now_ms);
+            let ttl = self.lease_ttl(ttl);
             if let Ok(applied) = self.replica.renew(p, ttl, now) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now_ms);
