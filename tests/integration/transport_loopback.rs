@@ -879,3 +879,28 @@ async fn a_node_under_reconnect_pressure_sheds_peers_with_a_retry_after_hint() {
     );
     shutdown_all(&[&a, &b]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_under_the_crash_guard_turns_peers_away_for_a_minute_or_more() {
+    let mut cfg = config("a", None);
+    cfg.resume.crash_guard = true;
+    let a = start(1, cfg, &[]).await;
+    let upgrade = || async {
+        let tcp = TcpStream::connect(a.local_addr()).await.unwrap();
+        let uri: Uri = a.info().url.parse().unwrap();
+        let request = ClientRequestBuilder::new(uri).with_sub_protocol("roster.v1");
+        tokio_tungstenite::client_async(request, tcp).await
+    };
+    match upgrade().await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503);
+            let secs: u64 = resp.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
+            assert!((60..120).contains(&secs), "Retry-After {secs}");
+        }
+        other => panic!("expected a 503, got {:?}", other.map(|_| ())),
+    }
+    // When the guard clears, peers are welcome again.
+    a.set_crash_guard(false).await.unwrap();
+    assert!(upgrade().await.is_ok());
+    shutdown_all(&[&a]).await;
+}

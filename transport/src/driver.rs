@@ -245,6 +245,7 @@ pub fn start(
         url: url.clone(),
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
+    let guarded = config.resume.crash_guard;
     let (node, resumed) = Node::with_resume(
         info.clone(),
         replica,
@@ -287,6 +288,9 @@ pub fn start(
         tls,
         config.clients,
     ));
+    shared
+        .refuse_peers
+        .store(guarded, std::sync::atomic::Ordering::Relaxed);
     let tracker = TaskTracker::new();
     let span = tracing::info_span!("roster", node = %info.name);
 
@@ -502,11 +506,17 @@ impl Handle {
         let _ = done.wait_for(|d| *d).await;
     }
 
-    /// Turns the crash-loop guard on or off (see `proto::Node::set_crash_guard`).
+    /// Turns the crash-loop guard on or off (see `proto::Node::set_crash_guard`). Under it
+    /// the node also turns dialing peers away (`503`, `Retry-After` of one to two minutes):
+    /// it dials out itself when its lease needs renewing.
     ///
     /// # Errors
     /// [`DriverError::Stopped`] when the node has stopped.
     pub async fn set_crash_guard(&self, on: bool) -> Result<(), DriverError> {
+        self.inner
+            .shared
+            .refuse_peers
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.inner
             .commands
             .send(Command::CrashGuard(on))

@@ -47,6 +47,8 @@ pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
 /// the application (`DriverConfig::clients`) after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
+/// The least retry-after, in seconds, a node under the crash guard gives peers that dial it.
+const GUARDED_RETRY_S: u64 = 60;
 /// Source addresses tracked for the peer accept rate (the map is reset past it).
 const MAX_ACCEPT_BUCKETS: usize = 4_096;
 /// How long a node that another node answered for is left alone.
@@ -235,6 +237,9 @@ pub(super) struct Shared {
     pub clients: Option<mpsc::Sender<ClientConn>>,
     /// Peer accepts per source address (load shedding).
     accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
+    /// Under the crash-loop guard, peers are turned away with a long retry-after: the
+    /// node dials out itself when its lease needs it.
+    pub refuse_peers: AtomicBool,
     next_conn: AtomicU64,
 }
 
@@ -281,6 +286,7 @@ impl Shared {
             tls,
             clients,
             accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            refuse_peers: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
         }
     }
@@ -675,6 +681,11 @@ async fn accept_over(
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
             |req: &Request, resp: Response| {
                 let mut admit = || {
+                    if shared.refuse_peers.load(Ordering::Relaxed) {
+                        bump(&shared.counts.peers_shed);
+                        // Under the crash guard: come back in one to two minutes.
+                        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % GUARDED_RETRY_S);
+                    }
                     if shared.may_accept_peer(addr.ip()) {
                         return None;
                     }
