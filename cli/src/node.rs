@@ -519,15 +519,12 @@ impl NodeBuilder {
         };
         let (launches, memory) = launches;
         // What the last process knew of its peers; unreadable memory is only a lost hint.
-        let (peers, seeds): (
-            Vec<proto::PeerMemory>,
-            Vec<(String, roster_transport::backoff::Backoff)>,
-        ) = if memory.is_empty() {
-            (Vec::new(), Vec::new())
+        let memory: proto::Memory = if memory.is_empty() {
+            proto::Memory::default()
         } else {
             postcard::from_bytes(&memory).unwrap_or_else(|e| {
                 warn!("ignored the saved peer backoffs: {e}");
-                (Vec::new(), Vec::new())
+                proto::Memory::default()
             })
         };
         let window = self.crash_guard.map_or(Duration::from_secs(300), |g| g.window);
@@ -542,9 +539,10 @@ impl NodeBuilder {
             owned: Vec::new(),
             removed,
             drop_unowned: store.is_some(),
-            peers,
-            seeds,
+            peers: memory.peers,
+            seeds: memory.seeds,
             crash_guard: guarded,
+            leases_shipped: memory.leases_shipped,
         };
         if guarded {
             warn!(

@@ -187,7 +187,7 @@ fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
     )
     .unwrap();
     assert_eq!(
-        node.memory().0,
+        node.memory().peers,
         vec![peer],
         "what it knew is saved again as it was"
     );
@@ -315,7 +315,16 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
     let cfg = config();
     let t0 = 1_000_000;
     // The previous process renewed its membership at t0, then crashed.
-    let before = Node::new(me.clone(), Replica::new(ReplicaId(1)), vec![url(0)], cfg, 3, t0).unwrap();
+    let mut before = Node::new(me.clone(), Replica::new(ReplicaId(1)), vec![url(0)], cfg, 3, t0).unwrap();
+    let peer = NodeInfo {
+        id: ReplicaId(9),
+        name: "peer".into(),
+        url: url(9),
+    };
+    assert!(
+        before.handle_connected(1, &peer, true, None, t0),
+        "a peer holds its lease"
+    );
     let saved = before.replica().clone();
     let launched = t0 + 1_000;
     let (mut node, _) = Node::with_resume(
@@ -327,6 +336,8 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
         launched,
         Resume {
             crash_guard: true,
+            // What the process before shipped: its membership lease, renewed at t0.
+            leases_shipped: before.memory().leases_shipped,
             ..Resume::default()
         },
     )

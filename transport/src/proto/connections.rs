@@ -226,6 +226,7 @@ impl Node {
         p.last_seen_ms = now_ms;
         // Each side says what it has seen; the other answers with what is missing.
         self.send_digest(peer.id, now_ms);
+        self.note_leases_shipped();
         true
     }
 

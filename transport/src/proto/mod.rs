@@ -302,6 +302,21 @@ pub struct Resume {
     pub seeds: Vec<(String, Backoff)>,
     /// Start under the crash-loop guard (see [`Node::set_crash_guard`]).
     pub crash_guard: bool,
+    /// [`Memory::leases_shipped`] of the process before.
+    pub leases_shipped: Option<(u64, u64)>,
+}
+
+/// What a node saves for the process after it: its peers, its seeds, and how long its
+/// peers hold its leases.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    /// What it knew of each peer.
+    pub peers: Vec<PeerMemory>,
+    /// The backoff of each seed URL.
+    pub seeds: Vec<(String, Backoff)>,
+    /// The earliest end (wall ms) and the TTL of the leases it owns, as last shipped to a
+    /// connected peer: until then its registrations are alive at its peers.
+    pub leases_shipped: Option<(u64, u64)>,
 }
 
 /// What a node remembers of a peer across restarts, so a new process does not dial it
@@ -388,6 +403,8 @@ pub struct Node {
     /// member lease): most launches of a tight crash loop end before they connect, while
     /// the last live process's lease still covers what it owns.
     guard_dial_at: u64,
+    /// The earliest end and the TTL of its own leases as last shipped to a connected peer.
+    leases_shipped: Option<(u64, u64)>,
     /// The context this process started from, and whether the buffer has held every
     /// delta since: a peer with no known acknowledgement whose digest includes it needs
     /// only the buffer (trimmed by its digest), not a full state.
@@ -496,6 +513,7 @@ impl Node {
             stopping: false,
             guarded: resume.crash_guard,
             guard_dial_at: 0,
+            leases_shipped: resume.leases_shipped,
             start_ctx: CausalContext::new(),
             base_valid: true,
         };
@@ -517,17 +535,11 @@ impl Node {
             }
         }
         if node.guarded {
-            // What the last processes renewed is still alive at peers until its lease
-            // ends: dial only when a third of it is left (or at once if none is known).
-            let mut providers: BTreeSet<ProviderId> =
-                resume.owned.iter().map(|o| o.provider.clone()).collect();
-            providers.insert(member_provider(node.me.id));
-            let due = providers
-                .iter()
-                .filter_map(|p| node.replica.lease_of(p))
-                .map(|l| l.deadline_ms().saturating_sub(l.ttl_ms / 3))
-                .min()
-                .unwrap_or(now_ms);
+            // What the processes before it shipped is alive at its peers until its lease
+            // ends: dial only when a third of it is left (at once when nothing is known).
+            let due = node
+                .leases_shipped
+                .map_or(now_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
             node.guard_dial_at = due.max(now_ms);
         }
         node.register(
@@ -630,6 +642,7 @@ impl Node {
         );
         self.renew_at = self.renew_at.min(now_ms + ttl_ms / 3);
         self.local_delta(applied.delta, applied.changes, now_ms);
+        self.note_leases_shipped();
         Ok(())
     }
 
@@ -720,7 +733,7 @@ impl Node {
     }
 
     /// What this process knows of its peers and seeds, to save for the next one.
-    pub fn memory(&self) -> (Vec<PeerMemory>, Vec<(String, Backoff)>) {
+    pub fn memory(&self) -> Memory {
         let peers = self
             .peers
             .iter()
@@ -733,7 +746,25 @@ impl Node {
             })
             .collect();
         let seeds = self.seeds.iter().map(|(u, (b, _))| (u.clone(), *b)).collect();
-        (peers, seeds)
+        Memory {
+            peers,
+            seeds,
+            leases_shipped: self.leases_shipped,
+        }
+    }
+
+    /// Notes how long connected peers will hold this node's leases (called when its leases
+    /// change while connected, and when a connection opens: the push ships them).
+    pub(super) fn note_leases_shipped(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let providers: BTreeSet<&ProviderId> = self.owned.keys().map(|(_, p)| p).collect();
+        self.leases_shipped = providers
+            .into_iter()
+            .filter_map(|p| self.replica.lease_of(p))
+            .map(|l| (l.deadline_ms(), l.ttl_ms))
+            .min();
     }
 
     /// Sends `peer` our digest, unless one is already in flight to it (sent less than
@@ -900,6 +931,7 @@ impl Node {
             }
             next = next.min(ttl / 3);
         }
+        self.note_leases_shipped();
         // A quarter to a third of the shortest TTL, drawn anew each time: nodes started
         // together (a fleet rollout, a healed partition) do not renew in lockstep.
         self.renew_at = match next {
