@@ -881,7 +881,7 @@ async fn a_node_under_reconnect_pressure_sheds_peers_with_a_retry_after_hint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_under_the_crash_guard_turns_peers_away_for_a_minute_or_more() {
+async fn a_node_under_the_crash_guard_turns_peers_away_for_minutes() {
     let mut cfg = config("a", None);
     cfg.resume.crash_guard = true;
     let a = start(1, cfg, &[]).await;
@@ -895,7 +895,7 @@ async fn a_node_under_the_crash_guard_turns_peers_away_for_a_minute_or_more() {
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
             assert_eq!(resp.status().as_u16(), 503);
             let secs: u64 = resp.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
-            assert!((60..120).contains(&secs), "Retry-After {secs}");
+            assert!((300..450).contains(&secs), "Retry-After {secs}");
         }
         other => panic!("expected a 503, got {:?}", other.map(|_| ())),
     }

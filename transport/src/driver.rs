@@ -507,7 +507,7 @@ impl Handle {
     }
 
     /// Turns the crash-loop guard on or off (see `proto::Node::set_crash_guard`). Under it
-    /// the node also turns dialing peers away (`503`, `Retry-After` of one to two minutes):
+    /// the node also turns dialing peers away (`503`, `Retry-After` of 5 to 7.5 minutes):
     /// it dials out itself when its lease needs renewing.
     ///
     /// # Errors

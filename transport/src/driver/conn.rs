@@ -47,8 +47,9 @@ pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
 /// the application (`DriverConfig::clients`) after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
-/// The least retry-after, in seconds, a node under the crash guard gives peers that dial it.
-const GUARDED_RETRY_S: u64 = 60;
+/// The least retry-after, in seconds, a node under the crash guard gives peers that dial it
+/// (the default guard window: it dials out itself when its lease needs it).
+const GUARDED_RETRY_S: u64 = 300;
 /// Source addresses tracked for the peer accept rate (the map is reset past it).
 const MAX_ACCEPT_BUCKETS: usize = 4_096;
 /// How long a node that another node answered for is left alone.
@@ -683,8 +684,8 @@ async fn accept_over(
                 let mut admit = || {
                     if shared.refuse_peers.load(Ordering::Relaxed) {
                         bump(&shared.counts.peers_shed);
-                        // Under the crash guard: come back in one to two minutes.
-                        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % GUARDED_RETRY_S);
+                        // Under the crash guard: come back in five to seven and a half minutes.
+                        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % (GUARDED_RETRY_S / 2));
                     }
                     if shared.may_accept_peer(addr.ip()) {
                         return None;
