@@ -11,11 +11,7 @@ use roster_transport::backoff::Backoff;
 use roster_transport::proto::{Config, DialTarget, Node, NodeInfo, Output, PeerMemory, Resume};
 use roster_transport::sim::{url, Faults, Sim};
 
-fn sim_seed(name: &str) -> u64 {
-    let seed = crate::support::seed_from_env("ROSTER_SIM_SEED");
-    eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
-    seed
-}
+use crate::support::sim_seed;
 
 fn config() -> Config {
     Config {

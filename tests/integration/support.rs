@@ -21,6 +21,14 @@ pub fn seed_from_env(var: &str) -> u64 {
         })
 }
 
+/// The seed of a simulation named `name`, printed with how to replay it: from
+/// `ROSTER_SIM_SEED`, or from the clock.
+pub fn sim_seed(name: &str) -> u64 {
+    let seed = seed_from_env("ROSTER_SIM_SEED");
+    eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
+    seed
+}
+
 /// Runs a quickcheck property with a printed, replayable seed.
 ///
 /// The seed comes from `ROSTER_PROP_SEED`, or from the clock; the number of cases from

@@ -12,11 +12,7 @@ use roster_registry::{Endpoint, ProviderId, ServiceName};
 use roster_transport::proto::Config;
 use roster_transport::sim::{Faults, Sim};
 
-fn sim_seed(name: &str) -> u64 {
-    let seed = crate::support::seed_from_env("ROSTER_SIM_SEED");
-    eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
-    seed
-}
+use crate::support::sim_seed;
 
 /// Short leases and hold-offs, so a run covers several lease lifetimes in little virtual time.
 fn config() -> Config {
