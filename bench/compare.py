@@ -1,0 +1,1147 @@
+#!/usr/bin/python3
+"""roster side by side with Serf and etcd, counted the same way for all three.
+
+Run it through `bench/compare` (which installs what it needs and builds roster); see
+bench/README.md. Every node runs in its own network namespace, joined to a bridge by a veth
+pair; what a node sends is what crosses its veth, read from the host side's counters, and
+the connections it opens or takes are SYNs counted by nftables inside its namespace. Every
+change is made over one open client connection per node (a driver process in the node's
+namespace) and seen through each node's own change stream (roster: `roster watch`;
+etcd: `etcdctl watch`; Serf: its agent's log, the only per-update signal Serf gives without
+its 3-second event coalescing), time-stamped as each line arrives.
+
+Also the Serf and etcd drivers:  compare.py driver-serf RPC_ADDR | driver-etcd URL LEASE_HEX
+"""
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import http.client
+
+BRIDGE = "cmpbr"
+HOST_IP = "10.78.0.1"
+NS_PREFIX = "cmp-"
+STATE_FILE = "/tmp/bench-compare.state"
+SERVER_IPS = {f"s{i}": f"10.78.0.{2 + i}" for i in range(3)}
+NODE_IPS = {f"n{i}": f"10.78.0.{10 + i}" for i in range(10)}
+ALL_IPS = {**SERVER_IPS, **NODE_IPS}
+LEASE_S = 30  # roster's default lease; the etcd clients' lease TTL too
+
+
+def log(msg):
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg):
+    print(f"compare: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def now_ns():
+    return time.time_ns()
+
+
+def run(*args, check=True, ns=None, capture=True, timeout=30):
+    cmd = list(args)
+    if ns is not None:
+        cmd = ["ip", "netns", "exec", NS_PREFIX + ns] + cmd
+    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {(r.stderr or '').strip()}")
+    return r
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+class Proc:
+    """A process in a namespace, stopped by its pid. With `lines`, every stdout line is kept
+    with the wall-clock time it arrived."""
+
+    live = {}  # pid -> Proc
+    lock = threading.Lock()
+
+    def __init__(self, name, ns, args, logdir, lines=False, stdin=False, on_line=None):
+        self.name = name
+        self.ns = ns
+        self.lines = []
+        self.on_line = on_line
+        cmd = ["ip", "netns", "exec", NS_PREFIX + ns] + list(args)
+        self.errf = open(os.path.join(logdir, f"{name}.err"), "ab")
+        out = subprocess.PIPE if lines else open(os.path.join(logdir, f"{name}.out"), "ab")
+        self.copy = open(os.path.join(logdir, f"{name}.out"), "a") if lines else None
+        self.p = subprocess.Popen(
+            cmd, stdout=out, stderr=self.errf,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            text=True, bufsize=1, start_new_session=True)
+        self.pid = self.p.pid  # `ip netns exec` execs the command: this is its pid
+        with Proc.lock:
+            Proc.live[self.pid] = self
+        with open(STATE_FILE, "a") as f:
+            f.write(f"{self.pid} {logdir}\n")
+        if lines:
+            self.reader = threading.Thread(target=self._read, daemon=True)
+            self.reader.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            t = now_ns()
+            line = line.rstrip("\n")
+            self.lines.append((t, line))
+            self.copy.write(f"{t} {line}\n")
+            if self.on_line:
+                self.on_line(t, line)
+
+    def send(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, wait_s=5.0):
+        if self.p.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.p.wait()
+        with Proc.lock:
+            Proc.live.pop(self.pid, None)
+        self.errf.close()
+        if self.copy:
+            if self.reader.is_alive():
+                self.reader.join(timeout=1)
+            self.copy.close()
+
+    def kill(self):
+        self.stop(signal.SIGKILL)
+
+    @staticmethod
+    def stop_all():
+        with Proc.lock:
+            procs = list(Proc.live.values())
+        for p in procs:
+            p.stop(signal.SIGKILL)
+
+
+def proc_cpu_s(pid):
+    """User + system CPU seconds of a process (and its reaped children)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def proc_rss_mib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+# ---- network -----------------------------------------------------------------------------
+
+class Net:
+    """A bridge on the host and one namespace per node, each with a veth pair; SYN counters
+    in each namespace."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def clear(self):
+        r = run("ip", "netns", "list", check=False)
+        for line in r.stdout.splitlines():
+            ns = line.split()[0] if line.split() else ""
+            if ns.startswith(NS_PREFIX):
+                pids = run("ip", "netns", "pids", ns, check=False).stdout.split()
+                for pid in pids:
+                    log(f"killing leftover process {pid} in namespace {ns}")
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                run("ip", "netns", "del", ns, check=False)
+        for name in ALL_IPS:
+            run("ip", "link", "del", f"cmpv-{name}", check=False)
+        run("ip", "link", "del", BRIDGE, check=False)
+
+    def up(self):
+        self.clear()
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{HOST_IP}/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        for name in self.names:
+            ns = NS_PREFIX + name
+            run("ip", "netns", "add", ns)
+            run("ip", "link", "add", f"cmpv-{name}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            run("ip", "link", "set", f"cmpv-{name}", "master", BRIDGE, "up")
+            run("ip", "addr", "add", f"{ALL_IPS[name]}/24", "dev", "eth0", ns=name)
+            run("ip", "link", "set", "eth0", "up", ns=name)
+            run("ip", "link", "set", "lo", "up", ns=name)
+            rules = (
+                "table inet cmp {\n"
+                " chain out { type filter hook output priority 0; policy accept;\n"
+                '  oifname "eth0" tcp flags & (syn | ack) == syn counter\n }\n'
+                " chain in { type filter hook input priority 0; policy accept;\n"
+                '  iifname "eth0" tcp flags & (syn | ack) == syn counter\n }\n'
+                "}\n")
+            r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"nft in {ns}: {r.stderr.strip()}")
+        # every namespace reaches every other through the bridge
+        for name in self.names:
+            other = self.names[0] if name != self.names[0] else HOST_IP
+            target = ALL_IPS.get(other, other)
+            if run("ping", "-c", "1", "-W", "2", target, ns=name, check=False).returncode != 0:
+                raise RuntimeError(
+                    f"namespace {name} cannot reach {target} over the bridge {BRIDGE}; "
+                    "is bridged traffic filtered (br_netfilter with a DROP forward policy)?")
+
+    def counters(self, name):
+        """What the node sent and received: the host side's rx is the node's tx."""
+        base = f"/sys/class/net/cmpv-{name}/statistics/"
+
+        def rd(f):
+            with open(base + f) as fh:
+                return int(fh.read())
+        return {"tx_bytes": rd("rx_bytes"), "tx_pkts": rd("rx_packets"),
+                "rx_bytes": rd("tx_bytes"), "rx_pkts": rd("tx_packets")}
+
+    def syns(self, name):
+        r = run("nft", "list", "table", "inet", "cmp", ns=name)
+        counts = [int(m) for m in re.findall(r"counter packets (\d+)", r.stdout)]
+        return {"syn_out": counts[0], "syn_in": counts[1]}
+
+    def snapshot(self, names):
+        return {n: {**self.counters(n), **self.syns(n)} for n in names}
+
+
+def diff(a, b):
+    return {n: {k: b[n][k] - a[n][k] for k in a[n]} for n in a}
+
+
+# ---- statistics --------------------------------------------------------------------------
+
+def med_max(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return (statistics.median(xs), max(xs))
+
+
+# ---- the systems -------------------------------------------------------------------------
+
+class System:
+    """What every system offers the measurements."""
+    name = "?"
+    servers = []  # namespaces of servers that are not nodes (etcd)
+
+    def __init__(self, n, work, args):
+        self.n = n
+        self.nodes = [f"n{i}" for i in range(n)]
+        self.work = work
+        self.args = args
+        self.events = {node: [] for node in self.nodes}   # (t, key, value) per node
+        self.member_events = {node: [] for node in self.nodes}  # (t, kind, who)
+        self.drivers = {}
+        self.acks = {}  # (key, value) -> (sent, acked)
+        self.errors = []
+
+    def on_ack(self, t, line):
+        parts = line.split()
+        if parts and parts[0] == "error":
+            self.errors.append(line)
+        elif len(parts) == 4:
+            self.acks[(parts[0], parts[1])] = (int(parts[2]), int(parts[3]))
+
+    def start_driver(self, node):
+        raise NotImplementedError
+
+    def change(self, node, key, value):
+        self.drivers[node].send(f"{key} {value}")
+
+    def node_pids(self, node):
+        raise NotImplementedError
+
+    def server_pids(self):
+        return {}
+
+    def all_pids(self):
+        return {**{n: self.node_pids(n) for n in self.nodes}, **self.server_pids()}
+
+    def seen(self, node, key, value, since):
+        for (t, k, v) in list(self.events[node]):
+            if k == key and (v is None or v == value) and t >= since:
+                return t
+        return None
+
+    def stop(self):
+        Proc.stop_all()
+
+
+class Roster(System):
+    name = "roster"
+
+    def __init__(self, n, work, args):
+        super().__init__(n, work, args)
+        self.agents = {}
+        self.watches = {}
+        self.secret = os.path.join(work, "secret")
+        with open(self.secret, "wb") as f:
+            f.write(os.urandom(32))
+        self.ids = {}
+
+    def agent_args(self, node):
+        ip = NODE_IPS[node]
+        a = [self.args.roster_bin, "agent", "--listen", "0.0.0.0:7420",
+             "--advertise", f"ws://{ip}:7420", "--node-name", node,
+             "--data-dir", os.path.join(self.work, node), "--cluster-secret-file", self.secret]
+        if node != "n0":
+            a += ["--join", f"ws://{NODE_IPS['n0']}:7420"]
+        return a
+
+    def cli(self, node, *args):
+        return run(self.args.roster_bin, *args, "--agent", "ws://127.0.0.1:7420", ns=node, check=False)
+
+    def start_node(self, node):
+        self.agents[node] = Proc(f"{node}-agent", node, self.agent_args(node), self.work)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.cli(node, "status", "--json").returncode == 0:
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"roster agent on {node} did not answer within 10 s")
+        self.start_watches(node)
+
+    def start_watches(self, node):
+        ev, mev = self.events[node], self.member_events[node]
+
+        def on_bench(t, line):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                return
+            if e.get("event") == "up":
+                ev.append((t, e["instance"], e.get("meta", {}).get("seq")))
+
+        def on_members(t, line):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                return
+            who = e.get("meta", {}).get("name", e.get("instance"))
+            mev.append((t, "alive" if e.get("event") == "up" else "gone", who))
+        url = "ws://127.0.0.1:7420"
+        self.watches[node] = [
+            Proc(f"{node}-watch", node, [self.args.roster_bin, "watch", "bench", "--json", "--agent", url],
+                 self.work, lines=True, on_line=on_bench),
+            Proc(f"{node}-watch-members", node,
+                 [self.args.roster_bin, "watch", "roster", "--json", "--agent", url],
+                 self.work, lines=True, on_line=on_members)]
+
+    def start(self):
+        for node in self.nodes:
+            self.start_node(node)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if all(self.alive_members(node) >= self.n for node in self.nodes):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("roster: the cluster did not form within 30 s")
+
+    def alive_members(self, node):
+        r = self.cli(node, "members", "--json")
+        if r.returncode != 0:
+            return 0
+        try:
+            return sum(1 for m in json.loads(r.stdout) if m.get("state") == "alive")
+        except ValueError:
+            return 0
+
+    def start_driver(self, node):
+        self.drivers[node] = Proc(f"{node}-driver", node, [self.args.roster_driver, "ws://127.0.0.1:7420"],
+                                  self.work, lines=True, stdin=True, on_line=self.on_ack)
+
+    def node_pids(self, node):
+        return [self.agents[node].pid]
+
+    def kill_node(self, node):
+        for p in [self.agents[node], self.drivers.get(node)] + self.watches[node]:
+            if p:
+                p.kill()
+
+    def restart_node(self, node):
+        self.agents[node] = Proc(f"{node}-agent", node, self.agent_args(node), self.work)
+
+    def after_restart(self, node):
+        deadline = time.time() + 10
+        while time.time() < deadline and self.cli(node, "status", "--json").returncode != 0:
+            time.sleep(0.05)
+        self.start_watches(node)
+        self.start_driver(node)
+
+
+class Serf(System):
+    name = "serf"
+
+    def __init__(self, n, work, args):
+        super().__init__(n, work, args)
+        self.agents = {}
+
+    def agent_args(self, node):
+        ip = NODE_IPS[node]
+        a = ["serf", "agent", "-node", node, "-bind", f"{ip}:7946", "-rpc-addr", "127.0.0.1:7373",
+             "-snapshot", os.path.join(self.work, f"{node}.snapshot"), "-rejoin",
+             "-tag", "c=0", "-log-level", "info"]
+        if node != "n0":
+            a += ["-join", f"{NODE_IPS['n0']}:7946"]
+        return a
+
+    def start_node(self, node):
+        ev, mev = self.events[node], self.member_events[node]
+        pat = re.compile(r"serf: Event(Member\w+): (\S+)")
+
+        def on_line(t, line):
+            m = pat.search(line)
+            if not m:
+                return
+            kind, who = m.group(1), m.group(2)
+            if kind == "MemberUpdate":
+                ev.append((t, who, None))
+            elif kind == "MemberJoin":
+                mev.append((t, "alive", who))
+            elif kind in ("MemberFailed", "MemberLeave"):
+                mev.append((t, "gone", who))
+        self.agents[node] = Proc(f"{node}-agent", node, self.agent_args(node), self.work,
+                                 lines=True, on_line=on_line)
+
+    def alive_members(self, node):
+        r = run("serf", "members", "-rpc-addr", "127.0.0.1:7373", "-status", "alive", ns=node, check=False)
+        return len(r.stdout.strip().splitlines()) if r.returncode == 0 else 0
+
+    def start(self):
+        for node in self.nodes:
+            self.start_node(node)
+            deadline = time.time() + 10
+            while time.time() < deadline and self.alive_members(node) < 1:
+                time.sleep(0.05)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if all(self.alive_members(node) >= self.n for node in self.nodes):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("serf: the cluster did not form within 30 s")
+
+    def start_driver(self, node):
+        self.drivers[node] = Proc(f"{node}-driver", node,
+                                  [sys.executable, os.path.abspath(__file__), "driver-serf", "127.0.0.1:7373"],
+                                  self.work, lines=True, stdin=True, on_line=self.on_ack)
+
+    def change(self, node, key, value):
+        # Serf has one tag map per node (512 bytes in all): a change sets tag `c`.
+        self.drivers[node].send(f"{node} {value}")
+
+    def seen(self, node, key, value, since):
+        # the agent logs an update of the origin's tags, not the value: the first update of
+        # the origin after the change was sent (exact for one change at a time)
+        return super().seen(node, key, None, since)
+
+    def node_pids(self, node):
+        return [self.agents[node].pid]
+
+    def kill_node(self, node):
+        for p in [self.agents[node], self.drivers.get(node)]:
+            if p:
+                p.kill()
+
+    def restart_node(self, node):
+        self.start_node(node)
+
+    def after_restart(self, node):
+        deadline = time.time() + 10
+        while time.time() < deadline and self.alive_members(node) < 1:
+            time.sleep(0.05)
+        self.start_driver(node)
+
+
+class Etcd(System):
+    """Three etcd servers (their own namespaces) and one client per node: a lease kept alive
+    by `etcdctl lease keep-alive`, the node's key put under it, and `etcdctl watch`."""
+    name = "etcd"
+    servers = ["s0", "s1", "s2"]
+
+    def __init__(self, n, work, args):
+        super().__init__(n, work, args)
+        self.srv = {}
+        self.keepalive = {}
+        self.watches = {}
+        self.leases = {}
+        self.endpoints = ",".join(f"http://{SERVER_IPS[s]}:2379" for s in self.servers)
+
+    def server_args(self, s):
+        ip = SERVER_IPS[s]
+        cluster = ",".join(f"{x}=http://{SERVER_IPS[x]}:2380" for x in self.servers)
+        return ["etcd", "--name", s, "--data-dir", os.path.join(self.work, s),
+                "--listen-peer-urls", f"http://{ip}:2380", "--initial-advertise-peer-urls", f"http://{ip}:2380",
+                "--listen-client-urls", f"http://{ip}:2379", "--advertise-client-urls", f"http://{ip}:2379",
+                "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                "--initial-cluster-token", "compare", "--log-level", "warn"]
+
+    def ctl(self, node, *args, check=True):
+        return run("etcdctl", "--endpoints", self.endpoints, *args, ns=node, check=check,
+                   capture=True)
+
+    def server_for(self, node):
+        return f"http://{SERVER_IPS[self.servers[int(node[1:]) % 3]]}:2379"
+
+    def start(self):
+        for s in self.servers:
+            self.srv[s] = Proc(f"{s}-etcd", s, self.server_args(s), self.work)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            r = self.ctl("n0", "endpoint", "health", check=False)
+            if r.returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("etcd: the servers did not become healthy within 30 s")
+        for node in self.nodes:
+            self.start_client(node)
+
+    def start_client(self, node):
+        r = self.ctl(node, "lease", "grant", str(LEASE_S))
+        m = re.search(r"lease ([0-9a-f]+) granted", r.stdout)
+        if not m:
+            raise RuntimeError(f"etcd: no lease for {node}: {r.stdout} {r.stderr}")
+        lease = m.group(1)
+        self.leases[node] = lease
+        self.ctl(node, "put", f"/services/bench/{node}", "0", "--lease", lease)
+        self.keepalive[node] = Proc(f"{node}-keepalive", node,
+                                    ["etcdctl", "--endpoints", self.endpoints, "lease", "keep-alive", lease],
+                                    self.work)
+        ev, mev = self.events[node], self.member_events[node]
+        state = {"op": None, "key": None}
+
+        def on_line(t, line):
+            # etcdctl watch prints PUT|DELETE, then the key, then the value
+            if state["op"] is None:
+                if line in ("PUT", "DELETE"):
+                    state["op"] = line
+                return
+            if state["key"] is None:
+                state["key"] = line
+                if state["op"] == "DELETE":
+                    who = line.rsplit("/", 1)[-1]
+                    if who.startswith("n"):
+                        mev.append((t, "gone", who))
+                    state["op"] = state["key"] = None
+                return
+            key = state["key"].rsplit("/", 1)[-1]
+            ev.append((t, key, line))
+            if key.startswith("n"):
+                mev.append((t, "alive", key))
+            state["op"] = state["key"] = None
+        self.watches[node] = Proc(f"{node}-watch", node,
+                                  ["etcdctl", "--endpoints", self.endpoints, "watch", "--prefix",
+                                   "/services/bench/"], self.work, lines=True, on_line=on_line)
+        time.sleep(0.2)
+
+    def start_driver(self, node):
+        self.drivers[node] = Proc(f"{node}-driver", node,
+                                  [sys.executable, os.path.abspath(__file__), "driver-etcd",
+                                   self.server_for(node), self.leases[node]],
+                                  self.work, lines=True, stdin=True, on_line=self.on_ack)
+
+    def node_pids(self, node):
+        return [self.keepalive[node].pid, self.watches[node].pid]
+
+    def server_pids(self):
+        return {s: [p.pid] for s, p in self.srv.items()}
+
+    def kill_node(self, node):
+        for p in [self.keepalive[node], self.watches[node], self.drivers.get(node)]:
+            if p:
+                p.kill()
+
+    def restart_node(self, node):
+        self.start_client(node)
+
+    def after_restart(self, node):
+        self.start_driver(node)
+
+
+# ---- the drivers (run inside a node's namespace) -----------------------------------------
+
+def driver_serf(rpc_addr):
+    import msgpack
+    host, port = rpc_addr.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    unpacker = msgpack.Unpacker(raw=False)
+    seq = 0
+
+    def call(command, body):
+        nonlocal seq
+        seq += 1
+        sock.sendall(msgpack.packb({"Command": command, "Seq": seq}) + msgpack.packb(body))
+        while True:
+            for header in unpacker:
+                return header
+            data = sock.recv(65536)
+            if not data:
+                raise RuntimeError("serf agent hung up")
+            unpacker.feed(data)
+    h = call("handshake", {"Version": 1})
+    if h.get("Error"):
+        raise RuntimeError(h["Error"])
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        key, value = parts[0], parts[1]
+        sent = now_ns()
+        h = call("tags", {"Tags": {"c": value}, "DeleteTags": []})
+        acked = now_ns()
+        if h.get("Error"):
+            print(f"error {key} {value} {h['Error']}", flush=True)
+        else:
+            print(f"{key} {value} {sent} {acked}", flush=True)
+
+
+def driver_etcd(url, lease_hex):
+    host = url.split("//", 1)[1]
+    conn = http.client.HTTPConnection(host, timeout=30)
+    lease = int(lease_hex, 16)
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        key, value = parts[0], parts[1]
+        body = json.dumps({"key": base64.b64encode(f"/services/bench/{key}".encode()).decode(),
+                           "value": base64.b64encode(value.encode()).decode(), "lease": lease})
+        sent = now_ns()
+        try:
+            conn.request("POST", "/v3/kv/put", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            data = r.read()
+            acked = now_ns()
+            if r.status != 200:
+                print(f"error {key} {value} HTTP {r.status} {data[:200]!r}", flush=True)
+                continue
+        except (OSError, http.client.HTTPException) as e:
+            print(f"error {key} {value} {e}", flush=True)
+            conn = http.client.HTTPConnection(host, timeout=30)
+            continue
+        print(f"{key} {value} {sent} {acked}", flush=True)
+
+
+# ---- the measurements --------------------------------------------------------------------
+
+def wait_seen(system, key, value, since, timeout_s, nodes=None):
+    """Until every node shows (key, value): the latest time it was seen, or None."""
+    nodes = nodes or system.nodes
+    deadline = time.time() + timeout_s
+    while True:
+        ts = [system.seen(n, key, value, since) for n in nodes]
+        if all(t is not None for t in ts):
+            return max(ts)
+        if time.time() > deadline:
+            return None
+        time.sleep(0.002)
+
+
+def wait_ack(system, key, value, timeout_s=10):
+    deadline = time.time() + timeout_s
+    while (key, value) not in system.acks:
+        if time.time() > deadline:
+            raise RuntimeError(f"{system.name}: no answer to change {key}={value}; errors: {system.errors[-3:]}")
+        time.sleep(0.001)
+    return system.acks[(key, value)]
+
+
+def measure_propagation(system, trials):
+    out = []
+    for i in range(trials):
+        origin = system.nodes[i % system.n]
+        key, value = f"p{i}", str(1000 + i)
+        system.change(origin, key, value)
+        sent, _ = wait_ack(system, origin if system.name == "serf" else key, value)
+        seen = wait_seen(system, origin if system.name == "serf" else key, value, sent, 5)
+        out.append(None if seen is None else (seen - sent) / 1e6)
+        time.sleep(0.25)
+    return out
+
+
+def cpu_of(pids):
+    return sum(proc_cpu_s(p) for p in pids)
+
+
+def measure_idle(system, net, window_s):
+    pids = system.all_pids()
+    names = list(pids)
+    cpu0 = {n: cpu_of(pids[n]) for n in names}
+    c0 = net.snapshot(names)
+    time.sleep(window_s)
+    c1 = net.snapshot(names)
+    cpu1 = {n: cpu_of(pids[n]) for n in names}
+    d = diff(c0, c1)
+    per_min = 60.0 / window_s
+    res = {}
+    for n in names:
+        res[n] = {"bytes_min": d[n]["tx_bytes"] * per_min, "pkts_min": d[n]["tx_pkts"] * per_min,
+                  "cpu_ms_min": (cpu1[n] - cpu0[n]) * 1000 * per_min,
+                  "rss_mib": sum(proc_rss_mib(p) for p in pids[n])}
+    return res
+
+
+def measure_restart(system, net, node, window_s, delay_s):
+    others = [n for n in system.nodes if n != node]
+    system.kill_node(node)
+    t_kill = now_ns()
+    time.sleep(delay_s)
+    c0 = net.snapshot([node])
+    t_start = now_ns()
+    system.restart_node(node)
+    system.after_restart(node)
+    remaining = window_s - (now_ns() - t_start) / 1e9
+    if remaining > 0:
+        time.sleep(remaining)
+    c1 = net.snapshot([node])
+    d = diff(c0, c1)[node]
+    gone = [o for o in others
+            if any(k == "gone" and w == node and t >= t_kill for (t, k, w) in system.member_events[o])]
+    alive_ts = []
+    for o in others:
+        ts = [t for (t, k, w) in system.member_events[o] if k == "alive" and w == node and t >= t_start]
+        alive_ts.append(min(ts) if ts else None)
+    back_ms = None
+    if all(t is not None for t in alive_ts):
+        back_ms = (max(alive_ts) - t_start) / 1e6
+    return {"bytes": d["tx_bytes"], "pkts": d["tx_pkts"], "conns": d["syn_out"] + d["syn_in"],
+            "syn_out": d["syn_out"], "syn_in": d["syn_in"], "shown_gone": len(gone), "back_ms": back_ms}
+
+
+def measure_churn(system, net, preload, rate, seconds):
+    names = list(system.all_pids())
+    res = {"preload_s": None}
+    if preload and system.name != "serf":
+        t0 = time.time()
+        for i in range(preload):
+            owner = system.nodes[i % system.n]
+            system.change(owner, f"c{i}", "0")
+        last = f"c{preload - 1}"
+        if wait_seen(system, last, "0", 0, 120) is None:
+            raise RuntimeError(f"{system.name}: the preload did not reach every node within 120 s")
+        for i in range(preload):
+            wait_ack(system, f"c{i}", "0", 60)
+        for i in range(preload):
+            if wait_seen(system, f"c{i}", "0", 0, 60) is None:
+                raise RuntimeError(f"{system.name}: registration c{i} did not reach every node")
+        res["preload_s"] = time.time() - t0
+        time.sleep(2)
+    pids = system.all_pids()
+    cpu0 = {n: cpu_of(pids[n]) for n in names}
+    c0 = net.snapshot(names)
+    changes = []
+    start = time.time()
+    total = int(rate * seconds)
+    for j in range(total):
+        target = start + j / rate
+        delay = target - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        i = j % max(preload, 1)
+        owner = system.nodes[i % system.n]
+        key, value = f"c{i}", str(j + 1)
+        if system.name == "serf":
+            key = owner
+        system.change(owner, key, value)
+        changes.append((key, value))
+    # let the last changes arrive, then stop counting
+    time.sleep(3)
+    elapsed = time.time() - start
+    c1 = net.snapshot(names)
+    cpu1 = {n: cpu_of(pids[n]) for n in names}
+    d = diff(c0, c1)
+    lags, missing = [], 0
+    # index events per node by (key, value) for the lookup
+    idx = {}
+    for n in system.nodes:
+        m = {}
+        for (t, k, v) in system.events[n]:
+            m.setdefault((k, v), []).append(t)
+        idx[n] = m
+    for (key, value) in changes:
+        ack = system.acks.get((key, value))
+        if ack is None:
+            missing += 1
+            continue
+        sent = ack[0]
+        worst = 0
+        for n in system.nodes:
+            if system.name == "serf":
+                ts = [t for t in idx[n].get((key, None), []) if t >= sent]
+            else:
+                ts = [t for t in idx[n].get((key, value), []) if t >= sent]
+            if not ts:
+                worst = None
+                break
+            worst = max(worst, min(ts) - sent)
+        if worst is None:
+            missing += 1
+        else:
+            lags.append(worst / 1e6)
+    per_min = 60.0 / elapsed
+    res.update({
+        "sent": len(changes), "acked": sum(1 for c in changes if c in system.acks),
+        "not_seen": missing, "lag_ms": med_max(lags),
+        "bytes_min": {n: d[n]["tx_bytes"] * per_min for n in names},
+        "cpu_ms_min": {n: (cpu1[n] - cpu0[n]) * 1000 * per_min for n in names},
+        "rss_mib": {n: sum(proc_rss_mib(p) for p in pids[n]) for n in names},
+    })
+    return res
+
+
+def run_system(cls, n, args, net):
+    work = tempfile.mkdtemp(prefix=f"bench-compare.{cls.name}{n}.")
+    os.chmod(work, 0o755)
+    system = cls(n, work, args)
+    log(f"{cls.name}, {n} nodes: starting (logs in {work})")
+    result = {"system": cls.name, "n": n}
+    try:
+        t = time.time()
+        system.start()
+        result["form_s"] = time.time() - t
+        for node in system.nodes:
+            system.start_driver(node)
+        time.sleep(args.settle)
+        log(f"{cls.name} {n}: propagation, {args.trials} changes")
+        result["prop_ms"] = measure_propagation(system, args.trials)
+        time.sleep(args.settle)
+        log(f"{cls.name} {n}: idle for {args.idle} s")
+        result["idle"] = measure_idle(system, net, args.idle)
+        restarts = []
+        for r in range(args.restarts):
+            node = system.nodes[-1 - (r % (n - 1))]
+            log(f"{cls.name} {n}: SIGKILL and restart {node} ({r + 1}/{args.restarts}), {args.restart_window} s")
+            restarts.append(measure_restart(system, net, node, args.restart_window, args.restart_delay))
+            time.sleep(2)
+        result["restart"] = restarts
+        if args.churn > 0:
+            log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
+            result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
+        result["errors"] = system.errors[:5]
+        if system.errors:
+            log(f"{cls.name} {n}: {len(system.errors)} failed changes, first: {system.errors[0]}")
+    except Exception as e:  # a failed system is reported, the others still run
+        log(f"{cls.name} {n}: FAILED: {e}")
+        result["failed"] = str(e)
+    finally:
+        system.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ---- the report --------------------------------------------------------------------------
+
+def fmt(x, unit="", digits=1):
+    if x is None:
+        return "—"
+    if isinstance(x, float) and x != x:
+        return "—"
+    if abs(x) >= 100:
+        s = f"{x:,.0f}"
+    else:
+        s = f"{x:,.{digits}f}"
+    return s + unit
+
+
+def fmt_mm(mm, unit="", digits=1):
+    if mm is None:
+        return "—"
+    return f"{fmt(mm[0], '', digits)} / {fmt(mm[1], '', digits)}{unit}"
+
+
+def ratio(peer, ours):
+    if peer is None or ours is None or ours == 0:
+        return "—"
+    return f"{peer / ours:,.1f}x"
+
+
+def figures(r):
+    """name -> (median, max) or a value, for one run."""
+    f = {}
+    if "failed" in r:
+        return f
+    n_nodes = [f"n{i}" for i in range(r["n"])]
+    servers = [k for k in r["idle"] if k.startswith("s")]
+    f["prop"] = med_max(r["prop_ms"])
+    f["prop_lost"] = sum(1 for x in r["prop_ms"] if x is None)
+    idle = r["idle"]
+    f["idle_kb"] = med_max([idle[n]["bytes_min"] / 1000 for n in n_nodes])
+    f["idle_pkts"] = med_max([idle[n]["pkts_min"] for n in n_nodes])
+    f["idle_cpu"] = med_max([idle[n]["cpu_ms_min"] for n in n_nodes])
+    f["idle_rss"] = med_max([idle[n]["rss_mib"] for n in n_nodes])
+    if servers:
+        f["srv_idle_kb"] = med_max([idle[s]["bytes_min"] / 1000 for s in servers])
+        f["srv_idle_pkts"] = med_max([idle[s]["pkts_min"] for s in servers])
+        f["srv_idle_cpu"] = med_max([idle[s]["cpu_ms_min"] for s in servers])
+        f["srv_idle_rss"] = med_max([idle[s]["rss_mib"] for s in servers])
+    rs = r.get("restart", [])
+    if rs:
+        f["restart_kb"] = med_max([x["bytes"] / 1000 for x in rs])
+        f["restart_conns"] = med_max([x["conns"] for x in rs])
+        f["restart_gone"] = max(x["shown_gone"] for x in rs)
+        f["restart_back"] = med_max([x["back_ms"] for x in rs])
+        f["restart_back_missing"] = sum(1 for x in rs if x["back_ms"] is None)
+    c = r.get("churn")
+    if c:
+        f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
+        f["churn_lag"] = c["lag_ms"]
+        f["churn_cpu"] = med_max([c["cpu_ms_min"][n] for n in n_nodes])
+        f["churn_rss"] = med_max([c["rss_mib"][n] for n in n_nodes])
+        f["churn_not_seen"] = c["not_seen"]
+        f["churn_sent"] = c["sent"]
+        if servers:
+            f["srv_churn_kb"] = med_max([c["bytes_min"][s] / 1000 for s in servers])
+            f["srv_churn_cpu"] = med_max([c["cpu_ms_min"][s] for s in servers])
+            f["srv_churn_rss"] = med_max([c["rss_mib"][s] for s in servers])
+    return f
+
+
+ROWS = [
+    ("change seen by every node (ms)", "prop", "", 2),
+    ("idle: bytes sent per node (kB/min)", "idle_kb", "", 1),
+    ("idle: packets sent per node (/min)", "idle_pkts", "", 0),
+    ("idle: CPU per node (ms/min)", "idle_cpu", "", 0),
+    ("idle: resident memory per node (MiB)", "idle_rss", "", 1),
+    ("restart: bytes the node sends in 30 s (kB)", "restart_kb", "", 1),
+    ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
+    ("restart: back alive on every other node (ms)", "restart_back", "", 0),
+    ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
+    ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
+    ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
+    ("churn: resident memory per node after (MiB)", "churn_rss", "", 1),
+    ("etcd servers, idle: bytes sent (kB/min)", "srv_idle_kb", "", 1),
+    ("etcd servers, idle: packets sent (/min)", "srv_idle_pkts", "", 0),
+    ("etcd servers, idle: CPU (ms/min)", "srv_idle_cpu", "", 0),
+    ("etcd servers, idle: resident memory (MiB)", "srv_idle_rss", "", 1),
+    ("etcd servers, churn: bytes sent (kB/min)", "srv_churn_kb", "", 1),
+    ("etcd servers, churn: CPU (ms/min)", "srv_churn_cpu", "", 0),
+    ("etcd servers, churn: resident memory (MiB)", "srv_churn_rss", "", 1),
+]
+
+
+def report(results, args, started, cmdline):
+    out = []
+    p = out.append
+    p(f"# bench/compare: roster, Serf and etcd side by side\n")
+    p(f"Command: `{cmdline}`  ")
+    p(f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
+      f"{(time.time() - started) / 60:.1f} minutes; machine: {machine()}  ")
+    p(f"Versions: {versions(args)}  ")
+    p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
+      f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
+      f"counted); churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
+      f"Cells are median / max (over trials, nodes or changes); ratios compare medians (peer / roster).\n")
+    by = {(r["system"], r["n"]): r for r in results}
+    for n in args.nodes:
+        fr, fs, fe = (figures(by.get((s, n), {"failed": "not run"})) for s in ("roster", "serf", "etcd"))
+        p(f"\n## {n} nodes\n")
+        p("| figure | roster | Serf | etcd | Serf / roster | etcd / roster |")
+        p("|---|---|---|---|---|---|")
+        for (label, key, unit, digits) in ROWS:
+            if key not in fr and key not in fs and key not in fe:
+                continue
+            cells = [fmt_mm(f.get(key), unit, digits) for f in (fr, fs, fe)]
+            rr = fr.get(key)
+            ratios = [ratio(f.get(key, [None])[0] if f.get(key) else None, rr[0] if rr else None)
+                      for f in (fs, fe)]
+            p(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+        notes = []
+        for name, f in (("roster", fr), ("Serf", fs), ("etcd", fe)):
+            r = by.get((name.lower(), n))
+            if r is None:
+                continue
+            if "failed" in r:
+                notes.append(f"{name}: FAILED: {r['failed']}")
+                continue
+            if f.get("prop_lost"):
+                notes.append(f"{name}: {f['prop_lost']} of {args.trials} changes not seen by every node within 5 s")
+            if "restart_gone" in f:
+                gone = f["restart_gone"]
+                miss = f["restart_back_missing"]
+                notes.append(f"{name}: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
+                             + (f"; {miss} restart(s) with no 'alive' event on some node within the window"
+                                if miss else ""))
+            if f.get("churn_sent"):
+                notes.append(f"{name}: churn: {f['churn_not_seen']} of {f['churn_sent']} changes not seen "
+                             "by every node" + (" (superseded before they arrived: Serf keeps the "
+                                                "latest tags per node)" if name == "Serf" else ""))
+            if r.get("churn", {}).get("preload_s") is not None:
+                notes.append(f"{name}: preload of {args.preload} registrations on every node in "
+                             f"{r['churn']['preload_s']:.1f} s")
+        if notes:
+            p("")
+            for x in notes:
+                p(f"- {x}")
+    return "\n".join(out) + "\n"
+
+
+def machine():
+    cpus = os.cpu_count()
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = f", {kb / 1024 / 1024:.0f} GiB"
+    except OSError:
+        pass
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip() + ", "
+                    break
+    except OSError:
+        pass
+    return f"{model}{cpus} cores{mem}, Linux {os.uname().release}"
+
+
+def versions(args):
+    def first(*cmd):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return (r.stdout or r.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "?"
+    return (f"{first(args.roster_bin, '--version')}; Serf {first('dpkg-query', '-W', '-f', '${Version}', 'serf')}; "
+            f"etcd {first('dpkg-query', '-W', '-f', '${Version}', 'etcd-server')}")
+
+
+# ---- main --------------------------------------------------------------------------------
+
+def clear_leftovers():
+    if os.path.exists(STATE_FILE):
+        with open(STATE_FILE) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 2:
+                    continue
+                pid, work = parts
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        cmdline = c.read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    cmdline = ""
+                if work in cmdline or "cmp-" in cmdline:
+                    log(f"killing leftover process {pid} of an earlier run")
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                if re.fullmatch(r"/tmp/bench-compare\.\w+\.\w+", work):
+                    shutil.rmtree(work, ignore_errors=True)
+        os.remove(STATE_FILE)
+
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "driver-serf":
+        return driver_serf(sys.argv[2])
+    if len(sys.argv) >= 2 and sys.argv[1] == "driver-etcd":
+        return driver_etcd(sys.argv[2], sys.argv[3])
+    ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", default="3,10", help="cluster sizes (default 3,10; at most 10)")
+    ap.add_argument("--systems", default="roster,serf,etcd")
+    ap.add_argument("--trials", type=int, default=20, help="propagation trials (default 20)")
+    ap.add_argument("--idle", type=float, default=30, help="idle window in seconds (default 30)")
+    ap.add_argument("--restarts", type=int, default=2, help="SIGKILL restarts per cluster (default 2)")
+    ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
+    ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
+    ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
+    ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
+    ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
+    ap.add_argument("--settle", type=float, default=3, help="seconds between phases")
+    ap.add_argument("--quick", action="store_true", help="a fast check: 3 nodes, short windows")
+    ap.add_argument("--keep", action="store_true", help="keep the logs and data directories")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    args = ap.parse_args()
+    args.roster_bin = os.environ.get("ROSTER_BIN", "roster")
+    args.roster_driver = os.environ.get("ROSTER_DRIVER", "bench_driver")
+    if args.quick:
+        args.nodes, args.trials, args.idle, args.restarts = "3", 5, 10, 1
+        args.restart_window, args.churn, args.preload = 10, 5, 100
+    try:
+        args.nodes = [int(x) for x in args.nodes.split(",")]
+    except ValueError:
+        die("--nodes takes sizes like 3,10")
+    if any(n < 2 or n > 10 for n in args.nodes):
+        die("--nodes: each size must be 2 to 10 (one namespace and address per node)")
+    systems = {"roster": Roster, "serf": Serf, "etcd": Etcd}
+    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in chosen:
+        if s not in systems:
+            die(f"--systems: unknown system {s!r}; choose among roster, serf, etcd")
+    if os.geteuid() != 0:
+        die("run as root: it creates network namespaces and veth pairs")
+    cmdline = "bench/compare " + " ".join(sys.argv[1:])
+    started = time.time()
+
+    clear_leftovers()
+    names = ["s0", "s1", "s2"] + [f"n{i}" for i in range(max(args.nodes))]
+    net = Net(names)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_signal)
+    results = []
+    try:
+        log(f"network: bridge {BRIDGE}, namespaces {', '.join(NS_PREFIX + x for x in names)}")
+        net.up()
+        for n in args.nodes:
+            for s in chosen:
+                results.append(run_system(systems[s], n, args, net))
+    except KeyboardInterrupt:
+        log("interrupted: stopping everything")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        print(f"compare: error: {e}", file=sys.stderr, flush=True)
+        results.append({"system": "setup", "n": 0, "failed": str(e)})
+    finally:
+        Proc.stop_all()
+        net.clear()
+        if os.path.exists(STATE_FILE):
+            os.remove(STATE_FILE)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    sys.stdout.write(report(results, args, started, cmdline))
+    return 0 if results and not any("failed" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
