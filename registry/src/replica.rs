@@ -454,14 +454,23 @@ impl Replica {
         now_ms: u64,
         max_new_dots: usize,
     ) -> (JoinReport, Vec<Change>, Option<State>) {
-        let before_ctx = self.state.ctx.clone();
         let brings_retirements = full
             .ctx
             .retired()
-            .any(|(r, x)| before_ctx.retired().all(|(b, y)| b != r || y < x));
+            .any(|(r, x)| self.state.ctx.retired().all(|(b, y)| b != r || y < x));
+        // Only replicas the other side's context names can teach us dots: note what we had
+        // seen of those (not the whole context, which names every node that ever wrote).
+        let replicas: BTreeSet<ReplicaId> = full
+            .ctx
+            .ranges()
+            .map(|(r, _)| r)
+            .chain(full.ctx.cloud().map(|d| d.actor))
+            .collect();
+        let before_ctx = self.state.ctx.restricted_to(&replicas);
         // Only the keys the join may touch can change: note their dots before.
-        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ProviderId>) = match State::keys_touched_by(&full) {
-            Some((r, l)) => (r.into_iter().collect(), l.into_iter().collect()),
+        let incoming = State::keys_touched_by(&full);
+        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ProviderId>) = match &incoming {
+            Some((r, l)) => (r.iter().cloned().collect(), l.iter().cloned().collect()),
             None => (
                 self.state.regs.keys().cloned().collect(),
                 self.state.leases.keys().cloned().collect(),
@@ -480,12 +489,6 @@ impl Replica {
                 let dots = self.state.lease_dots(&p);
                 (p, dots)
             })
-            .collect();
-        let replicas: BTreeSet<ReplicaId> = full
-            .ctx
-            .ranges()
-            .map(|(r, _)| r)
-            .chain(full.ctx.cloud().map(|d| d.actor))
             .collect();
         let (report, changes) = self.join_and_diff(full, now_ms);
         if !report.changed() {
@@ -554,12 +557,22 @@ impl Replica {
             return (report, changes, None);
         }
         let mut delta = delta.with_context(CausalContext::from_dots(dots));
-        // A dot seen without its write has no key we know, so the delta cannot name every
-        // key it reaches into: it then joins like a full state (every key visited).
-        delta.touched = (!unknown_keys).then_some(crate::state::Touched {
-            regs: hint.0,
-            leases: hint.1,
-        });
+        // A dot seen without its write has no key we know. If what we joined was a delta,
+        // the keys it named (its store's and its hint's) hold every dot its context reaches,
+        // ours among them: name those too (our join visited no others). After a full state,
+        // the delta cannot name every key it reaches into: it then joins like a full state
+        // (every key visited, at every peer it reaches).
+        delta.touched = match (unknown_keys, incoming) {
+            (false, _) => Some(crate::state::Touched {
+                regs: hint.0,
+                leases: hint.1,
+            }),
+            (true, Some((regs, leases))) => Some(crate::state::Touched {
+                regs: hint.0.into_iter().chain(regs).collect(),
+                leases: hint.1.into_iter().chain(leases).collect(),
+            }),
+            (true, None) => None,
+        };
         (report, changes, Some(delta))
     }
 
