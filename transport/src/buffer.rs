@@ -77,9 +77,16 @@ impl DeltaBuffer {
     /// `None` when there is nothing to send. The caller checks [`DeltaBuffer::covers`].
     pub fn since(&self, acked: u64, exclude: ReplicaId) -> Option<State> {
         let mut out: Option<State> = None;
+        // Entries are numbered without gaps: skip straight to the first after `acked`
+        // instead of walking the whole buffer.
+        let skip = self
+            .entries
+            .front()
+            .map_or(0, |first| acked.saturating_add(1).saturating_sub(first.seq));
+        let skip = usize::try_from(skip).map_or(self.entries.len(), |s| s.min(self.entries.len()));
         for e in self
             .entries
-            .iter()
+            .range(skip..)
             .filter(|e| e.seq > acked && e.origin != Some(exclude))
         {
             match &mut out {

@@ -107,6 +107,11 @@ pub struct Sim {
     dials: Vec<(u64, usize, Option<usize>)>,
     /// Whether to tell deltas that carry registrations from those with leases only.
     classify_deltas: bool,
+    /// Every running node's next timer, as (time, machine), kept up to date after each
+    /// input: the next one is the first, without asking every node per event.
+    timers: BTreeSet<(u64, usize)>,
+    /// Each machine's entry in `timers`.
+    timer_of: Vec<Option<u64>>,
 }
 
 /// The URL of machine `i` in the simulation.
@@ -140,6 +145,8 @@ impl Sim {
             log: Vec::new(),
             keep_log: false,
             by_kind: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            timer_of: vec![None; n],
         };
         for i in 0..n {
             let info = NodeInfo {
@@ -235,6 +242,7 @@ impl Sim {
         let Some(node) = self.machines[i].node.take() else {
             return;
         };
+        self.refresh_timer(i);
         self.machines[i].disk = node.replica().state().clone();
         self.machines[i].counter_floor = node.replica().counter();
         let mine: Vec<ConnId> = self
@@ -341,7 +349,23 @@ impl Sim {
                     }
                 }
             }
+            self.refresh_timer(i);
         }
+    }
+
+    /// Notes when machine `i` next wants [`Node::handle_timeout`] (after any input to it).
+    fn refresh_timer(&mut self, i: usize) {
+        let next = self.machines[i].node.as_ref().map(Node::poll_timeout);
+        if self.timer_of[i] == next {
+            return;
+        }
+        if let Some(t) = self.timer_of[i] {
+            self.timers.remove(&(t, i));
+        }
+        if let Some(t) = next {
+            self.timers.insert((t, i));
+        }
+        self.timer_of[i] = next;
     }
 
     fn send(&mut self, from: usize, conn: ConnId, envelope: Envelope) {
@@ -437,11 +461,7 @@ impl Sim {
     pub fn run_until(&mut self, until_ms: u64) {
         loop {
             let next_net = self.queue.keys().next().map(|(t, _)| *t);
-            let next_timer = self
-                .machines
-                .iter()
-                .filter_map(|m| m.node.as_ref().map(Node::poll_timeout))
-                .min();
+            let next_timer = self.timers.first().map(|(t, _)| *t);
             let next = match (next_net, next_timer) {
                 (Some(a), Some(b)) => a.min(b),
                 (a, b) => a.or(b).unwrap_or(until_ms),
@@ -459,14 +479,9 @@ impl Sim {
                 }
             } else {
                 let now = self.now_ms;
-                let due: Vec<usize> = (0..self.machines.len())
-                    .filter(|&i| {
-                        self.machines[i]
-                            .node
-                            .as_ref()
-                            .is_some_and(|n| n.poll_timeout() <= now)
-                    })
-                    .collect();
+                // Every node due at `now`, in machine order (as a scan of all would find them).
+                let mut due: Vec<usize> = self.timers.range(..=(now, usize::MAX)).map(|(_, i)| *i).collect();
+                due.sort_unstable();
                 for i in due {
                     if let Some(n) = self.machines[i].node.as_mut() {
                         n.handle_timeout(now);

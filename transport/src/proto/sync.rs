@@ -48,8 +48,10 @@ impl Node {
     /// acknowledgement, else (on a gossip round) the state elided against its digest.
     pub(super) fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now_ms: u64) {
         let head = self.buffer.head();
-        let (acked, sent, full_sent_at, digest) = match self.peers.get(&peer) {
-            Some(p) => (p.acked, p.sent, p.full_sent_at, p.digest.clone()),
+        // The peer's digest (a context naming every node) is cloned only where it is used:
+        // a clone per push would cost O(nodes) per message.
+        let (acked, sent, full_sent_at) = match self.peers.get(&peer) {
+            Some(p) => (p.acked, p.sent, p.full_sent_at),
             None => return,
         };
         // A push sends what came after the last send; a repair round what came after the
@@ -85,6 +87,7 @@ impl Node {
             }
             _ if repair => {
                 let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
+                let digest = self.peers.get(&peer).and_then(|p| p.digest.clone());
                 match digest {
                     // Under the crash-loop guard, no full state unless the peer asks.
                     Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now_ms),
