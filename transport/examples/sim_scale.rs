@@ -6,6 +6,9 @@
 //! - how long a new registration takes to reach every node (virtual ms, and gossip ticks);
 //! - the bytes each node receives for that one update, as a multiple of its encoded delta;
 //! - the bytes each node sends per second when nothing changes (digests, lease renewals).
+//!
+//! It prints its seed, and on stderr the wall time of each phase; the last column is the
+//! process's peak memory (run one size per process to read it per size).
 #![allow(clippy::unwrap_used)] // fixed, valid inputs: a failure is a bug in the benchmark
 
 use roster_registry::codec::encode_state;
@@ -21,6 +24,15 @@ fn total_sent(sim: &Sim) -> u64 {
     (0..sim.len()).map(|i| sim.traffic(i).bytes_sent).sum()
 }
 
+/// The process's peak resident memory so far, in MiB (Linux; `None` elsewhere). Run one
+/// size per process to read it per size.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
@@ -33,8 +45,8 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(42);
     println!("seed {seed}; gossip tick 1 s, fanout 3, push delay 2 ms, one-way delay 1-5 ms");
-    println!("| nodes | to every node (ms) | ticks | bytes received per node per update | as a multiple of the delta | idle bytes sent per node per s | wall s |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| nodes | to every node (ms) | ticks | bytes received per node per update | as a multiple of the delta | idle bytes sent per node per s | per min | wall s | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         let t0 = std::time::Instant::now();
         let cfg = Config {
@@ -51,6 +63,7 @@ fn main() {
             max_delay_ms: 5,
         };
         let mut sim = Sim::new(n, cfg, faults, seed);
+        let start_ms = sim.now_ms();
         // Bootstrap, then settle past the first renewals.
         let mut settled = false;
         for _ in 0..600 {
@@ -61,6 +74,11 @@ fn main() {
             }
         }
         assert!(settled, "{n} nodes did not settle in 600 s");
+        eprintln!(
+            "{n} nodes: settled after {} s of virtual time, {:.1} s of wall time",
+            (sim.now_ms() - start_ms) / 1_000,
+            t0.elapsed().as_secs_f64()
+        );
         sim.run_for(30_000);
 
         // Idle: nothing changes but lease renewals (every member lease / 3) and digests.
@@ -68,6 +86,10 @@ fn main() {
         let idle_s = 120;
         sim.run_for(idle_s * 1_000);
         let idle = (total_sent(&sim) - before) as f64 / n as f64 / idle_s as f64;
+        eprintln!(
+            "{n} nodes: idle measured, {:.1} s of wall time",
+            t0.elapsed().as_secs_f64()
+        );
 
         // One update, from the middle of a renewal period.
         let service = ServiceName::new("bench").unwrap();
@@ -127,7 +149,7 @@ fn main() {
         let last = reached.iter().flatten().max().copied().unwrap_or(start) - start;
         let per_node = rx as f64 / n as f64;
         println!(
-            "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.0} | {:.1} |",
+            "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} | {} |",
             if all {
                 last.to_string()
             } else {
@@ -137,7 +159,9 @@ fn main() {
             per_node,
             per_node / delta_size as f64,
             idle,
-            t0.elapsed().as_secs_f64()
+            idle * 60.0,
+            t0.elapsed().as_secs_f64(),
+            peak_rss_mib().map_or("?".to_string(), |m| m.to_string())
         );
     }
 }
