@@ -872,24 +872,36 @@ impl Node {
         if self.is_stopped() {
             return Err(Error::Stopped);
         }
+        // Into the replica (and on its way to peers) first, then on disk, then answered:
+        // the disk's commit is not on the path of a change to its peers. A crash between
+        // the two leaves a write that was never answered; the restarted node does not own
+        // it, so it lapses with its lease (or is removed on resume if the saved replica
+        // has it), as an unanswered write may.
+        let ttl = Duration::from_millis(rec.lease_ttl_ms);
+        self.inner
+            .handle
+            .register(service.clone(), provider.clone(), endpoint, meta, ttl)
+            .await?;
         if let Some(store) = self.inner.store() {
             let counter = self.inner.handle.replica().counter();
             let r = rec.clone();
-            tokio::task::spawn_blocking(move || store.put_owned(&r, counter))
+            let saved = tokio::task::spawn_blocking(move || store.put_owned(&r, counter))
                 .await
-                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
-        }
-        let ttl = Duration::from_millis(rec.lease_ttl_ms);
-        if let Err(e) = self
-            .inner
-            .handle
-            .register(service, provider, endpoint, meta, ttl)
-            .await
-        {
-            if let Some(store) = self.inner.store() {
-                let _ = store.remove_owned(&rec.service, &rec.instance, now_ms());
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))
+                .and_then(|r| r.map_err(Error::from));
+            if let Err(e) = saved {
+                // Not on disk: not registered. Put back what the store still has.
+                let previous = owned.get(&rec.key()).and_then(|p| p.parts().ok());
+                match previous {
+                    Some((s, p, ep, m)) => {
+                        let _ = self.inner.handle.register(s, p, ep, m, ttl).await;
+                    }
+                    None => {
+                        let _ = self.inner.handle.deregister(service, provider).await;
+                    }
+                }
+                return Err(e);
             }
-            return Err(e.into());
         }
         owned.insert(rec.key(), rec);
         Ok(())
