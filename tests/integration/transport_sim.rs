@@ -343,3 +343,50 @@ fn dials_to_an_unreachable_seed_back_off_with_growing_jittered_gaps() {
         "late gaps are not jittered: {late:?}"
     );
 }
+
+#[test]
+fn a_lone_change_is_pushed_at_once_and_a_burst_waits_for_the_spacing() {
+    let seed = sim_seed("push_spacing");
+    let spacing = 100;
+    let mut sim = Sim::new(
+        2,
+        Config {
+            push_delay_ms: spacing,
+            ..config()
+        },
+        Faults::NONE,
+        seed,
+    );
+    let mut w = Workload::default();
+    assert!(
+        settle(&mut sim, 30, |s| s
+            .node(0)
+            .is_some_and(|n| n.known_peers().len() == 1)
+            && s.node(1).is_some_and(|n| n.known_peers().len() == 1))
+        .is_some(),
+        "two nodes did not connect"
+    );
+    // Quiet for longer than the spacing: the next change goes at once (1 ms each way).
+    sim.run_for(5 * spacing);
+    w.register(&mut sim, 0, 1);
+    sim.run_for(10);
+    assert_eq!(
+        Workload::visible(&sim, 1).get(&key(0)),
+        Some(&1),
+        "a lone change waited for the push spacing (seed {seed})"
+    );
+    // A change right after a push waits for the spacing, so a burst goes in one message.
+    w.register(&mut sim, 0, 2);
+    sim.run_for(10);
+    assert_eq!(
+        Workload::visible(&sim, 1).get(&key(0)),
+        Some(&1),
+        "a change inside the spacing was pushed at once (seed {seed})"
+    );
+    sim.run_for(spacing);
+    assert_eq!(
+        Workload::visible(&sim, 1).get(&key(0)),
+        Some(&2),
+        "the batched change never went (seed {seed})"
+    );
+}
