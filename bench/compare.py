@@ -411,6 +411,7 @@ class Serf(System):
     def __init__(self, n, work, args):
         super().__init__(n, work, args)
         self.agents = {}
+        self.snapshot_peers = []  # per restart: other members its snapshot named
 
     def agent_args(self, node):
         ip = NODE_IPS[node]
@@ -479,6 +480,16 @@ class Serf(System):
                 p.kill()
 
     def restart_node(self, node):
+        # What Serf's snapshot kept through the SIGKILL: the other members it names.
+        names = set()
+        try:
+            with open(os.path.join(self.work, f"{node}.snapshot")) as f:
+                for line in f:
+                    if line.startswith("alive: "):
+                        names.add(line.split()[1])
+        except OSError:
+            pass
+        self.snapshot_peers.append(len(names - {node}))
         self.start_node(node)
 
     def after_restart(self, node):
@@ -683,15 +694,23 @@ def wait_ack(system, key, value, timeout_s=10):
 
 
 def measure_propagation(system, trials):
+    """Per trial: until every node shows the change, until the origin answered the write,
+    and until the first node other than the origin shows it (ms)."""
     out = []
     for i in range(trials):
         origin = system.nodes[i % system.n]
         key, value = f"p{i}", str(1000 + i)
+        if system.name == "serf":
+            key = origin
         system.change(origin, key, value)
-        sent, _ = wait_ack(system, origin if system.name == "serf" else key, value)
-        seen = wait_seen(system, origin if system.name == "serf" else key, value, sent, 5)
-        out.append(None if seen is None else (seen - sent) / 1e6)
-        time.sleep(0.25)
+        sent, acked = wait_ack(system, key, value)
+        seen = wait_seen(system, key, value, sent, 5)
+        others = [system.seen(n, key, value, sent) for n in system.nodes if n != origin]
+        others = [t for t in others if t is not None]
+        out.append({"all": None if seen is None else (seen - sent) / 1e6,
+                    "ack": (acked - sent) / 1e6,
+                    "first": (min(others) - sent) / 1e6 if others else None})
+        time.sleep(0.15)
     return out
 
 
@@ -780,6 +799,7 @@ def measure_churn(system, net, preload, rate, seconds):
             key = owner
         system.change(owner, key, value)
         changes.append((key, value))
+    end_ns = now_ns()  # the churn's end: answers after it are the backlog
     # let the last changes arrive, then stop counting
     time.sleep(3)
     elapsed = time.time() - start
@@ -817,6 +837,8 @@ def measure_churn(system, net, preload, rate, seconds):
     per_min = 60.0 / elapsed
     res.update({
         "sent": len(changes), "acked": sum(1 for c in changes if c in system.acks),
+        "answered_per_s": sum(1 for c in changes if c in system.acks and system.acks[c][1] <= end_ns)
+        / (end_ns / 1e9 - start),
         "not_seen": missing, "lag_ms": med_max(lags),
         "bytes_min": {n: d[n]["tx_bytes"] * per_min for n in names},
         "cpu_ms_min": {n: (cpu1[n] - cpu0[n]) * 1000 * per_min for n in names},
@@ -847,9 +869,14 @@ def run_system(cls, n, args, net):
         for r in range(args.restarts):
             node = system.nodes[-1 - (r % (n - 1))]
             log(f"{cls.name} {n}: SIGKILL and restart {node} ({r + 1}/{args.restarts}), {args.restart_window} s")
-            restarts.append(measure_restart(system, net, node, args.restart_window, args.restart_delay))
+            r_ = measure_restart(system, net, node, args.restart_window, args.restart_delay)
+            idle_rate = result["idle"][node]["bytes_min"] / 60.0
+            r_["over_idle"] = r_["bytes"] - idle_rate * args.restart_window
+            restarts.append(r_)
             time.sleep(2)
         result["restart"] = restarts
+        if isinstance(system, Serf):
+            result["snapshot_peers"] = system.snapshot_peers
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
@@ -883,6 +910,8 @@ def fmt(x, unit="", digits=1):
 def fmt_mm(mm, unit="", digits=1):
     if mm is None:
         return "—"
+    if not isinstance(mm, tuple):
+        return fmt(mm, unit, digits)
     return f"{fmt(mm[0], '', digits)} / {fmt(mm[1], '', digits)}{unit}"
 
 
@@ -899,8 +928,10 @@ def figures(r):
         return f
     n_nodes = [f"n{i}" for i in range(r["n"])]
     servers = [k for k in r["idle"] if k.startswith("s")]
-    f["prop"] = med_max(r["prop_ms"])
-    f["prop_lost"] = sum(1 for x in r["prop_ms"] if x is None)
+    f["prop"] = med_max([x["all"] for x in r["prop_ms"]])
+    f["prop_first"] = med_max([x["first"] for x in r["prop_ms"]])
+    f["prop_ack"] = med_max([x["ack"] for x in r["prop_ms"]])
+    f["prop_lost"] = sum(1 for x in r["prop_ms"] if x["all"] is None)
     idle = r["idle"]
     f["idle_kb"] = med_max([idle[n]["bytes_min"] / 1000 for n in n_nodes])
     f["idle_pkts"] = med_max([idle[n]["pkts_min"] for n in n_nodes])
@@ -914,6 +945,7 @@ def figures(r):
     rs = r.get("restart", [])
     if rs:
         f["restart_kb"] = med_max([x["bytes"] / 1000 for x in rs])
+        f["restart_over_idle"] = med_max([x["over_idle"] / 1000 for x in rs])
         f["restart_conns"] = med_max([x["conns"] for x in rs])
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
@@ -922,6 +954,7 @@ def figures(r):
     if c:
         f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
         f["churn_lag"] = c["lag_ms"]
+        f["churn_rate"] = c["answered_per_s"]
         f["churn_cpu"] = med_max([c["cpu_ms_min"][n] for n in n_nodes])
         f["churn_rss"] = med_max([c["rss_mib"][n] for n in n_nodes])
         f["churn_not_seen"] = c["not_seen"]
@@ -935,13 +968,18 @@ def figures(r):
 
 ROWS = [
     ("change seen by every node (ms)", "prop", "", 2),
+    ("change seen by the first other node (ms)", "prop_first", "", 2),
+    ("change answered to its writer (ms)", "prop_ack", "", 2),
     ("idle: bytes sent per node (kB/min)", "idle_kb", "", 1),
     ("idle: packets sent per node (/min)", "idle_pkts", "", 0),
     ("idle: CPU per node (ms/min)", "idle_cpu", "", 0),
     ("idle: resident memory per node (MiB)", "idle_rss", "", 1),
     ("restart: bytes the node sends in 30 s (kB)", "restart_kb", "", 1),
+    ("restart: the same, less what it sends idle in 30 s (kB)", "restart_over_idle", "", 1),
     ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
-    ("restart: back alive on every other node (ms)", "restart_back", "", 0),
+    ("restart: other nodes that showed it gone", "restart_gone", "", 0),
+    ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
+    ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
     ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
@@ -979,8 +1017,9 @@ def report(results, args, started, cmdline):
                 continue
             cells = [fmt_mm(f.get(key), unit, digits) for f in (fr, fs, fe)]
             rr = fr.get(key)
-            ratios = [ratio(f.get(key, [None])[0] if f.get(key) else None, rr[0] if rr else None)
-                      for f in (fs, fe)]
+            def central(x):
+                return x[0] if isinstance(x, tuple) else x
+            ratios = [ratio(central(f.get(key)), central(rr)) for f in (fs, fe)]
             p(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
         notes = []
         for name, f in (("roster", fr), ("Serf", fs), ("etcd", fe)):
@@ -996,12 +1035,24 @@ def report(results, args, started, cmdline):
                 gone = f["restart_gone"]
                 miss = f["restart_back_missing"]
                 notes.append(f"{name}: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
-                             + (f"; {miss} restart(s) with no 'alive' event on some node within the window"
+                             + (f"; in {miss} restart(s) no event marked its return on some node "
+                                "(Serf logs none for a member it never marked failed)"
                                 if miss else ""))
+            if r.get("snapshot_peers") is not None:
+                notes.append(f"{name}: the snapshot file of a SIGKILLed agent named "
+                             f"{', '.join(str(x) for x in r['snapshot_peers'])} of its {n - 1} peers "
+                             "(it rejoined through -join)")
             if f.get("churn_sent"):
-                notes.append(f"{name}: churn: {f['churn_not_seen']} of {f['churn_sent']} changes not seen "
-                             "by every node" + (" (superseded before they arrived: Serf keeps the "
-                                                "latest tags per node)" if name == "Serf" else ""))
+                c = r["churn"]
+                unanswered = c["sent"] - c["acked"]
+                notes.append(f"{name}: churn: of {c['sent']} changes asked, {unanswered} got no answer "
+                             f"within the run, and {c['not_seen'] - unanswered} answered ones were not "
+                             "seen by every node"
+                             + (" (Serf's tags call waits for its broadcast, so one connection per node "
+                                "makes a few changes per second; a node shows only the latest tags it "
+                                "heard, and its log names the node, not the value: its lag is the time to "
+                                "the first update of that node after the change, a lower bound)"
+                                if name == "Serf" else ""))
             if r.get("churn", {}).get("preload_s") is not None:
                 notes.append(f"{name}: preload of {args.preload} registrations on every node in "
                              f"{r['churn']['preload_s']:.1f} s")
@@ -1078,15 +1129,15 @@ def main():
     ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="3,10", help="cluster sizes (default 3,10; at most 10)")
     ap.add_argument("--systems", default="roster,serf,etcd")
-    ap.add_argument("--trials", type=int, default=20, help="propagation trials (default 20)")
+    ap.add_argument("--trials", type=int, default=15, help="propagation trials (default 15)")
     ap.add_argument("--idle", type=float, default=30, help="idle window in seconds (default 30)")
-    ap.add_argument("--restarts", type=int, default=2, help="SIGKILL restarts per cluster (default 2)")
+    ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
     ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
     ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
     ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
-    ap.add_argument("--settle", type=float, default=3, help="seconds between phases")
+    ap.add_argument("--settle", type=float, default=2, help="seconds between phases")
     ap.add_argument("--quick", action="store_true", help="a fast check: 3 nodes, short windows")
     ap.add_argument("--keep", action="store_true", help="keep the logs and data directories")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
