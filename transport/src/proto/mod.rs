@@ -159,11 +159,11 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            fanout: 3,
+            fanout: 2,
             gossip_interval_ms: 1_000,
             digest_interval_ms: 30_000,
             push_delay_ms: 2,
-            max_outbound: 3,
+            max_outbound: 2,
             max_inbound: 64,
             rotate_interval_ms: 300_000,
             buffer_capacity: 1_024,
