@@ -45,16 +45,21 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(42);
-    println!("seed {seed}; gossip tick 1 s, fanout 3, push delay 2 ms, one-way delay 1-5 ms");
+    let d = Config::default();
+    let member_ttl: u64 = std::env::var("SIM_MEMBER_TTL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(d.member_lease_ttl_ms);
+    println!(
+        "seed {seed}; gossip tick {} ms, fanout {}, {} outbound connections, push spacing {} ms, member lease {} ms; one-way delay 1-5 ms",
+        d.gossip_interval_ms, d.fanout, d.max_outbound, d.push_delay_ms, member_ttl
+    );
     println!("| nodes | to every node (ms) | ticks | bytes received per node for the update | messages that carried it, per node | as a multiple of the delta | idle bytes sent per node per s | per min | wall s | peak RSS MiB |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         let t0 = std::time::Instant::now();
         let cfg = Config {
-            member_lease_ttl_ms: std::env::var("SIM_MEMBER_TTL")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(60_000),
+            member_lease_ttl_ms: member_ttl,
             ..Config::default()
         };
         let faults = Faults {
