@@ -458,7 +458,8 @@ impl State {
     /// This delta without what a peer whose context is `peer` has already seen: values
     /// whose dots it holds are left out, and so are their dots in the context (so the
     /// join leaves its copies alone); every dot without a value (a removal, or a removed
-    /// write) stays, with the delta's key hints, so removals still reach it. Joining the
+    /// write) stays, with the delta's key hints, so removals still reach it (a delta with
+    /// no such dot keeps none: it removes nothing, so it needs no hint). Joining the
     /// result into any state whose context includes `peer` gives what joining the whole
     /// delta would.
     /// A state carrying retirements is returned whole (they are not dots to trim).
@@ -468,10 +469,16 @@ impl State {
         }
         let mut out = State::new_delta();
         let mut stored = BTreeSet::new();
+        // Keys whose values were left out: a removal among the kept dots may be about them
+        // (a write the peer lacks, overwritten by one it has), so they stay named.
+        let mut dropped_regs = BTreeSet::new();
+        let mut dropped_leases = BTreeSet::new();
         for (k, f) in &self.regs {
             for (d, v) in f.iter() {
                 stored.insert(d.clone());
-                if !peer.contains(d) {
+                if peer.contains(d) {
+                    dropped_regs.insert(k.clone());
+                } else {
                     out.insert_reg(k.clone(), d.clone(), v.clone());
                 }
             }
@@ -479,7 +486,9 @@ impl State {
         for (p, f) in &self.leases {
             for (d, v) in f.iter() {
                 stored.insert(d.clone());
-                if !peer.contains(d) {
+                if peer.contains(d) {
+                    dropped_leases.insert(p.clone());
+                } else {
                     out.insert_lease(p.clone(), d.clone(), *v);
                 }
             }
@@ -492,11 +501,20 @@ impl State {
             .chain(self.ctx.cloud().cloned())
             .filter(|d| !stored.contains(d) || !peer.contains(d))
             .collect();
+        // The hints are for removals: a receiver drops its copy of a key's dot when the
+        // context has the dot and the store does not. If every kept dot is in the output's
+        // store (a dot names one write of one key), nothing can be removed: no hint needed.
+        let removes = kept.iter().any(|d| !stored.contains(d));
         let mut out = out.with_context(CausalContext::from_dots(kept));
+        if !removes {
+            return out;
+        }
         match (&mut out.touched, &self.touched) {
             (Some(mine), Some(theirs)) => {
                 mine.regs.extend(theirs.regs.iter().cloned());
                 mine.leases.extend(theirs.leases.iter().cloned());
+                mine.regs.extend(dropped_regs);
+                mine.leases.extend(dropped_leases);
             }
             // A full-like delta visits every key; so must its trimmed form.
             (_, None) => out.touched = None,

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use roster_registry::{ReplicaId, State};
+use roster_registry::{CausalContext, ReplicaId, State};
 
 /// One buffered delta and the peer it came from (never sent back to it).
 #[derive(Debug, Clone)]
@@ -76,6 +76,15 @@ impl DeltaBuffer {
     /// The join of the deltas after `acked`, leaving out those learnt from `exclude`;
     /// `None` when there is nothing to send. The caller checks [`DeltaBuffer::covers`].
     pub fn since(&self, acked: u64, exclude: ReplicaId) -> Option<State> {
+        self.since_for(acked, exclude, None)
+    }
+
+    /// [`DeltaBuffer::since`], each delta trimmed for a peer that has seen `seen`
+    /// ([`State::trimmed_for`]) before the join: trimming them one by one keeps the key
+    /// hints of only those that remove something, where trimming their join would keep
+    /// the hints of all (a thousand registrations the peer already has would still name a
+    /// thousand keys).
+    pub fn since_for(&self, acked: u64, exclude: ReplicaId, seen: Option<&CausalContext>) -> Option<State> {
         let mut out: Option<State> = None;
         // Entries are numbered without gaps: skip straight to the first after `acked`
         // instead of walking the whole buffer.
@@ -89,13 +98,17 @@ impl DeltaBuffer {
             .range(skip..)
             .filter(|e| e.seq > acked && e.origin != Some(exclude))
         {
+            let delta = match seen {
+                Some(c) => e.delta.trimmed_for(c),
+                None => e.delta.clone(),
+            };
             match &mut out {
                 Some(s) => {
-                    s.join(e.delta.clone());
+                    s.join(delta);
                 }
                 None => {
                     let mut s = State::new_delta();
-                    s.join(e.delta.clone());
+                    s.join(delta);
                     out = Some(s);
                 }
             }

@@ -60,19 +60,15 @@ impl Node {
         match from {
             Some(a) if a >= head => {}
             Some(a) if self.buffer.covers(a) => {
-                match self.buffer.since(a, peer) {
-                    Some(delta) => {
-                        // Since the start of this process, to a peer whose digest says it
-                        // has most of it already: only what it lacks.
-                        let delta = match self.peers.get(&peer) {
-                            Some(p) if p.adopted => match &p.digest {
-                                Some(d) => delta.trimmed_for(d),
-                                None => delta,
-                            },
-                            _ => delta,
-                        };
-                        self.send_to_peer(peer, Message::delta(head, &delta), now_ms)
-                    }
+                // Since the start of this process, to a peer whose digest says it has most
+                // of it already: only what it lacks, trimmed delta by delta.
+                let seen = self
+                    .peers
+                    .get(&peer)
+                    .filter(|p| p.adopted)
+                    .and_then(|p| p.digest.as_ref());
+                match self.buffer.since_for(a, peer, seen) {
+                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
                         if let Some(p) = self.peers.get_mut(&peer) {
