@@ -390,3 +390,35 @@ fn a_lone_change_is_pushed_at_once_and_a_burst_waits_for_the_spacing() {
         "the batched change never went (seed {seed})"
     );
 }
+
+#[test]
+fn nodes_that_joined_through_a_seed_move_off_it_once_they_know_other_members() {
+    // Every node joins through machine 0. Kept, those connections would make it a hub that
+    // receives every delta once per node that joined through it.
+    let seed = sim_seed("seed_release");
+    let n = 16;
+    let mut sim = Sim::new(
+        n,
+        Config {
+            rotate_interval_ms: 0,
+            ..config()
+        },
+        Faults::NONE,
+        seed,
+    );
+    sim.run_for(30_000);
+    let degree = |sim: &Sim, i: usize| {
+        sim.node(i)
+            .map_or(0, |x| x.known_peers().iter().filter(|p| p.connected).count())
+    };
+    let seed_degree = degree(&sim, 0);
+    let mean = (1..n).map(|i| degree(&sim, i)).sum::<usize>() as f64 / (n - 1) as f64;
+    eprintln!("seed_release: the seed has {seed_degree} connections, the others {mean:.1} on average");
+    // Two outbound connections per node: about four each, the seed included.
+    assert!(
+        seed_degree <= 8,
+        "the seed kept {seed_degree} of {} connections (seed {seed})",
+        n - 1
+    );
+    assert!(sim.converged(), "the cluster did not converge (seed {seed})");
+}

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::ReplicaId;
 
-use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output, GUARDED_FAILURES};
+use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output, GUARDED_FAILURES, SEED_SETTLE_ROUNDS};
 use crate::backoff::Failure;
 use crate::message::{self, Message};
 
@@ -125,6 +125,31 @@ impl Node {
         }
         let conn = outbound[self.rng.random_range(0..outbound.len())];
         self.close(conn, "rotating to another peer", now_ms);
+    }
+
+    /// A connection dialed as a seed was for finding the cluster. Once it has had
+    /// [`SEED_SETTLE_ROUNDS`] gossip rounds for its first exchange and this node knows more
+    /// members than it keeps outbound connections, it is closed, and the next gossip round
+    /// dials a random member instead: otherwise every node that joined through a seed keeps
+    /// a connection to it, and the seed receives every delta once per such node.
+    pub(super) fn release_seed(&mut self, now_ms: u64) {
+        if self.guarded {
+            return;
+        }
+        let settle = self.cfg.gossip_interval_ms * SEED_SETTLE_ROUNDS;
+        let Some(conn) = self
+            .conns
+            .iter()
+            .find(|(_, c)| c.outbound && c.seed.is_some() && c.opened_at + settle <= now_ms)
+            .map(|(id, _)| *id)
+        else {
+            return;
+        };
+        let outbound = self.conns.values().filter(|c| c.outbound).count();
+        if self.members(now_ms).len() <= outbound {
+            return;
+        }
+        self.close(conn, "joined; moving from the seed to a random member", now_ms);
     }
 
     pub(super) fn close(&mut self, conn: ConnId, reason: &str, now_ms: u64) {

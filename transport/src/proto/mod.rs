@@ -51,6 +51,10 @@ pub const MAX_SEEDS: usize = 32;
 /// one in flight.
 pub const DIGEST_COALESCE_MS: u64 = 2_000;
 
+/// The gossip rounds a connection dialed as a seed is kept once the node knows other
+/// members (see `release_seed`).
+const SEED_SETTLE_ROUNDS: u64 = 5;
+
 /// Under the crash-loop guard, a failed dial backs off as if it had failed this many times
 /// already: the long backoff (the cap) from the first failure.
 const GUARDED_FAILURES: u32 = 8;
@@ -900,6 +904,7 @@ impl Node {
             self.gossip(now_ms);
             self.report_lapsed(now_ms);
             self.expire(now_ms);
+            self.release_seed(now_ms);
             self.dial_more(now_ms);
         }
         if self.digest_at <= now_ms {
