@@ -869,10 +869,7 @@ def run_system(cls, n, args, net):
         for r in range(args.restarts):
             node = system.nodes[-1 - (r % (n - 1))]
             log(f"{cls.name} {n}: SIGKILL and restart {node} ({r + 1}/{args.restarts}), {args.restart_window} s")
-            r_ = measure_restart(system, net, node, args.restart_window, args.restart_delay)
-            idle_rate = result["idle"][node]["bytes_min"] / 60.0
-            r_["over_idle"] = r_["bytes"] - idle_rate * args.restart_window
-            restarts.append(r_)
+            restarts.append(measure_restart(system, net, node, args.restart_window, args.restart_delay))
             time.sleep(2)
         result["restart"] = restarts
         if isinstance(system, Serf):
@@ -945,7 +942,6 @@ def figures(r):
     rs = r.get("restart", [])
     if rs:
         f["restart_kb"] = med_max([x["bytes"] / 1000 for x in rs])
-        f["restart_over_idle"] = med_max([x["over_idle"] / 1000 for x in rs])
         f["restart_conns"] = med_max([x["conns"] for x in rs])
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
@@ -975,7 +971,6 @@ ROWS = [
     ("idle: CPU per node (ms/min)", "idle_cpu", "", 0),
     ("idle: resident memory per node (MiB)", "idle_rss", "", 1),
     ("restart: bytes the node sends in 30 s (kB)", "restart_kb", "", 1),
-    ("restart: the same, less what it sends idle in 30 s (kB)", "restart_over_idle", "", 1),
     ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
     ("restart: other nodes that showed it gone", "restart_gone", "", 0),
     ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
