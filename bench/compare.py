@@ -801,7 +801,7 @@ def measure_churn(system, net, preload, rate, seconds):
         changes.append((key, value))
     end_ns = now_ns()  # the churn's end: answers after it are the backlog
     # let the last changes arrive, then stop counting
-    time.sleep(3)
+    time.sleep(2)
     elapsed = time.time() - start
     c1 = net.snapshot(names)
     cpu1 = {n: cpu_of(pids[n]) for n in names}
@@ -870,7 +870,7 @@ def run_system(cls, n, args, net):
             node = system.nodes[-1 - (r % (n - 1))]
             log(f"{cls.name} {n}: SIGKILL and restart {node} ({r + 1}/{args.restarts}), {args.restart_window} s")
             restarts.append(measure_restart(system, net, node, args.restart_window, args.restart_delay))
-            time.sleep(2)
+            time.sleep(1)
         result["restart"] = restarts
         if isinstance(system, Serf):
             result["snapshot_peers"] = system.snapshot_peers
@@ -1124,15 +1124,15 @@ def main():
     ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="3,10", help="cluster sizes (default 3,10; at most 10)")
     ap.add_argument("--systems", default="roster,serf,etcd")
-    ap.add_argument("--trials", type=int, default=15, help="propagation trials (default 15)")
-    ap.add_argument("--idle", type=float, default=30, help="idle window in seconds (default 30)")
+    ap.add_argument("--trials", type=int, default=12, help="propagation trials (default 12)")
+    ap.add_argument("--idle", type=float, default=20, help="idle window in seconds (default 20)")
     ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
     ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
     ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
     ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
-    ap.add_argument("--settle", type=float, default=2, help="seconds between phases")
+    ap.add_argument("--settle", type=float, default=1, help="seconds between phases")
     ap.add_argument("--quick", action="store_true", help="a fast check: 3 nodes, short windows")
     ap.add_argument("--keep", action="store_true", help="keep the logs and data directories")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")

@@ -21,6 +21,10 @@ use crate::node::{Error, Event, Inner, Node, Service};
 /// How long a client has to say hello and send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a connection may wait for its next request after an answer (a client may ask
+/// again on the same connection, as a program that registers often would).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves client connections until the node stops.
 pub(crate) async fn accept(
     inner: Weak<Inner>,
@@ -152,13 +156,44 @@ async fn serve(node: Node, conn: ClientConn, cancel: CancellationToken) {
             return;
         }
     };
-    debug!(%peer, ?request, "client request");
-    let answer = match request {
-        Request::Watch { service } => {
+    let mut request = request;
+    loop {
+        debug!(%peer, ?request, "client request");
+        if let Request::Watch { service } = request {
             watch(&node, ws, &service, &cancel).await;
             let _ = ws.close(None).await;
             return;
         }
+        let answer = answer(&node, request).await;
+        if send(ws, &answer).await.is_err() {
+            return;
+        }
+        // The next request on the same connection, if the client has one.
+        let next = tokio::select! {
+            () = cancel.cancelled() => None,
+            r = tokio::time::timeout(IDLE_TIMEOUT, recv(ws)) => match r {
+                Ok(Ok(ClientMessage::Request(r))) => Some(r),
+                Ok(Ok(ClientMessage::Auth { .. })) => {
+                    let m = "this connection is authenticated already; send the request";
+                    let _ = send(ws, &error(ErrorKind::Invalid, m)).await;
+                    None
+                }
+                // It hung up (a one-shot client does), sent garbage, or idled.
+                Ok(Err(_)) | Err(_) => None,
+            },
+        };
+        match next {
+            Some(r) => request = r,
+            None => break,
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+}
+
+/// The answer to one request (not a watch).
+async fn answer(node: &Node, request: Request) -> ServerMessage {
+    match request {
+        Request::Watch { .. } => error(ErrorKind::Invalid, "a watch needs a connection of its own"),
         Request::Register {
             service,
             address,
@@ -208,9 +243,7 @@ async fn serve(node: Node, conn: ClientConn, cancel: CancellationToken) {
             Ok(asked) => ServerMessage::Synced { asked },
             Err(e) => from_error(e),
         },
-    };
-    let _ = send(ws, &answer).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+    }
 }
 
 /// Streams a service's instances, then its changes, until the client leaves or the node

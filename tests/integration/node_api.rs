@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use roster::api::{Request, ServerMessage};
+use roster::api::{EventView, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::transport::handshake::Secret;
 use roster::{Event, Node, Service};
@@ -195,6 +195,45 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
         c.request(Request::Services).await.unwrap(),
         ServerMessage::Services(vec![])
     );
+    // One connection serves request after request (authenticated once), a watch too.
+    let register = |port: u16| Request::Register {
+        service: "web".into(),
+        address: format!("10.0.0.1:{port}"),
+        meta: vec![],
+        instance: Some("web-1".into()),
+        ttl_ms: None,
+    };
+    for port in [8080, 8081] {
+        assert_eq!(
+            c.request(register(port)).await.unwrap(),
+            ServerMessage::Registered {
+                instance: "web-1".into()
+            }
+        );
+    }
+    match c
+        .request(Request::Instances {
+            service: "web".into(),
+        })
+        .await
+        .unwrap()
+    {
+        ServerMessage::Instances(is) => {
+            assert_eq!(is.len(), 1);
+            assert_eq!(is[0].address, "10.0.0.1:8081");
+        }
+        other => panic!("{other:?}"),
+    }
+    match c
+        .request(Request::Watch {
+            service: "web".into(),
+        })
+        .await
+        .unwrap()
+    {
+        ServerMessage::Event(EventView::Up(i)) => assert_eq!(i.address, "10.0.0.1:8081"),
+        other => panic!("{other:?}"),
+    }
     a.shutdown().await.unwrap();
 }
 
