@@ -877,6 +877,9 @@ def run_system(cls, n, args, net):
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
+            time.sleep(args.settle)
+            log(f"{cls.name} {n}: idle again, with the registrations, for {args.idle} s")
+            result["idle_after"] = measure_idle(system, net, args.idle)
         result["errors"] = system.errors[:5]
         if system.errors:
             log(f"{cls.name} {n}: {len(system.errors)} failed changes, first: {system.errors[0]}")
@@ -946,6 +949,12 @@ def figures(r):
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
         f["restart_back_missing"] = sum(1 for x in rs if x["back_ms"] is None)
+    ia = r.get("idle_after")
+    if ia:
+        f["idle_after_kb"] = med_max([ia[n]["bytes_min"] / 1000 for n in n_nodes])
+        f["idle_after_cpu"] = med_max([ia[n]["cpu_ms_min"] for n in n_nodes])
+        if servers:
+            f["srv_idle_after_kb"] = med_max([ia[s]["bytes_min"] / 1000 for s in servers])
     c = r.get("churn")
     if c:
         f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
@@ -979,6 +988,8 @@ ROWS = [
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
     ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
     ("churn: resident memory per node after (MiB)", "churn_rss", "", 1),
+    ("idle after the churn, registrations kept: bytes sent per node (kB/min)", "idle_after_kb", "", 1),
+    ("idle after the churn, registrations kept: CPU per node (ms/min)", "idle_after_cpu", "", 0),
     ("etcd servers, idle: bytes sent (kB/min)", "srv_idle_kb", "", 1),
     ("etcd servers, idle: packets sent (/min)", "srv_idle_pkts", "", 0),
     ("etcd servers, idle: CPU (ms/min)", "srv_idle_cpu", "", 0),
@@ -986,6 +997,7 @@ ROWS = [
     ("etcd servers, churn: bytes sent (kB/min)", "srv_churn_kb", "", 1),
     ("etcd servers, churn: CPU (ms/min)", "srv_churn_cpu", "", 0),
     ("etcd servers, churn: resident memory (MiB)", "srv_churn_rss", "", 1),
+    ("etcd servers, idle after the churn: bytes sent (kB/min)", "srv_idle_after_kb", "", 1),
 ]
 
 
