@@ -877,7 +877,11 @@ def run_system(cls, n, args, net):
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
-            time.sleep(args.settle)
+            # Stop the drivers: a Serf driver may still be working through changes it was
+            # asked for faster than Serf answers them, and idle means no client asking.
+            for d in list(system.drivers.values()):
+                d.kill()
+            time.sleep(max(args.settle, 2))
             log(f"{cls.name} {n}: idle again, with the registrations, for {args.idle} s")
             result["idle_after"] = measure_idle(system, net, args.idle)
         result["errors"] = system.errors[:5]
