@@ -891,9 +891,12 @@ impl Node {
                 .and_then(|r| r.map_err(Error::from));
             if let Err(e) = saved {
                 // Not on disk: not registered. Put back what the store still has.
-                let previous = owned.get(&rec.key()).and_then(|p| p.parts().ok());
+                let previous = owned.get(&rec.key()).and_then(|p| {
+                    let ttl = Duration::from_millis(p.lease_ttl_ms);
+                    p.parts().ok().map(|parts| (parts, ttl))
+                });
                 match previous {
-                    Some((s, p, ep, m)) => {
+                    Some(((s, p, ep, m), ttl)) => {
                         let _ = self.inner.handle.register(s, p, ep, m, ttl).await;
                     }
                     None => {

@@ -102,16 +102,7 @@ impl DeltaBuffer {
                 Some(c) => e.delta.trimmed_for(c),
                 None => e.delta.clone(),
             };
-            match &mut out {
-                Some(s) => {
-                    s.join(delta);
-                }
-                None => {
-                    let mut s = State::new_delta();
-                    s.join(delta);
-                    out = Some(s);
-                }
-            }
+            out.get_or_insert_with(State::new_delta).join(delta);
         }
         out
     }
