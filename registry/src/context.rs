@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crdts::VClock;
 use serde::{Deserialize, Serialize};
 
+use crate::admit::MAX_COUNTER;
 use crate::error::InvalidState;
 use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ReplicaId};
@@ -130,6 +131,12 @@ impl CausalContext {
         d.counter <= self.base(&d.actor) || self.cloud.contains(d)
     }
 
+    /// Whether the context has seen `d` other than through a retirement: in its vector or
+    /// its cloud.
+    pub(crate) fn contains_unretired(&self, d: &Dot) -> bool {
+        d.counter <= self.vv.get(&d.actor) || self.cloud.contains(d)
+    }
+
     /// The greatest counter seen from `replica` (0 if none).
     pub fn max_counter(&self, replica: ReplicaId) -> u64 {
         let in_cloud = self
@@ -157,6 +164,15 @@ impl CausalContext {
         let mut ctx = Self::new();
         if counter > 0 {
             ctx.retired.insert(replica, Retirement { counter, at });
+        }
+        ctx
+    }
+
+    /// A context that has seen every counter of `replica` up to `counter`.
+    pub(crate) fn through(replica: ReplicaId, counter: u64) -> Self {
+        let mut ctx = Self::new();
+        if counter > 0 {
+            ctx.vv.dots.insert(replica, counter);
         }
         ctx
     }
@@ -317,6 +333,15 @@ impl CausalContext {
     pub(crate) fn validate(&self) -> Result<(), InvalidState> {
         if let Some((a, _)) = self.vv.dots.iter().find(|(_, &n)| n == 0) {
             return Err(InvalidState::ZeroCounter(a.to_string()));
+        }
+        let counters = self.vv.dots.iter().map(|(a, n)| (*a, *n));
+        let counters = counters
+            .chain(self.cloud.iter().map(|d| (d.actor, d.counter)))
+            .chain(self.retired.iter().map(|(a, r)| (*a, r.counter)));
+        for (a, n) in counters {
+            if n > MAX_COUNTER {
+                return Err(InvalidState::CounterTooLarge(format!("{a}:{n}")));
+            }
         }
         for d in &self.cloud {
             if d.counter == 0 {

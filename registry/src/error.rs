@@ -88,6 +88,9 @@ pub enum InvalidState {
     /// A dot has counter 0 (counters start at 1).
     #[error("dot with counter 0 from replica {0}")]
     ZeroCounter(String),
+    /// A counter is above [`crate::MAX_COUNTER`]: no node mints that many dots.
+    #[error("counter {0} is above the largest a node may mint (2^62)")]
+    CounterTooLarge(String),
     /// The dot cloud holds a dot the version vector already covers.
     #[error("dot cloud holds {0}, which the version vector already covers")]
     CloudNotCompact(String),

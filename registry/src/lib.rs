@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod admit;
 pub mod codec;
 mod context;
 mod dotfun;
@@ -45,6 +46,7 @@ mod replica;
 mod state;
 mod value;
 
+pub use admit::{Bounds, Refusal, MAX_COUNTER};
 pub use context::{CausalContext, Retirement};
 pub use error::{
     ConflictingDot, DecodeError, ElidedError, InvalidInput, InvalidState, MissingValue, RetireError,

@@ -151,7 +151,7 @@ impl Replica {
         self.counter_floor.max(self.state.ctx.max_counter(self.id))
     }
 
-    fn mint(&mut self) -> Dot {
+    pub(crate) fn mint(&mut self) -> Dot {
         let c = self.counter() + 1;
         self.counter_floor = c;
         dot(self.id, c)
@@ -184,7 +184,10 @@ impl Replica {
             .lease(&key.provider)
             .and_then(|f| f.winner(|l| l.issued));
         let lease_dot = match current {
-            Some((d, l)) if l.is_live(now.millis()) && l.ttl_ms == lease_ttl_ms => d.clone(),
+            // A lease issued after `now` (by a clock that ran ahead) is written again, at now.
+            Some((d, l)) if l.is_live(now.millis()) && l.ttl_ms == lease_ttl_ms && l.issued <= now => {
+                d.clone()
+            }
             _ => {
                 let d = self.mint();
                 seen.extend(self.state.lease_dots(&key.provider));
@@ -412,6 +415,19 @@ impl Replica {
     ) -> Applied {
         dots.push(self.mint());
         self.apply_own(State::removal(dots, regs, leases), now_ms)
+    }
+
+    /// Never mint a counter at or below `floor` (see [`Replica::refute`]).
+    pub(crate) fn raise_floor(&mut self, floor: u64) {
+        self.counter_floor = self.counter_floor.max(floor);
+    }
+
+    /// Joins `delta`, a state that may remove dots from any key (it names none), with one
+    /// new dot of ours in its context (a removal is an event: see `apply_removal`).
+    pub(crate) fn apply_removal_to_every_key(&mut self, delta: State, now_ms: u64) -> Applied {
+        let mut ctx = delta.context().clone();
+        ctx.insert(self.mint());
+        self.apply_own(delta.with_context(ctx), now_ms)
     }
 
     fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {

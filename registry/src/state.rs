@@ -534,6 +534,68 @@ impl State {
         keys
     }
 
+    /// Whether `replica` wrote, under a counter up to `upto`, anything a read at `now_ms`
+    /// could show (a live lease, or a registration whose provider's lease is live) that
+    /// `removed` does not name as seen. One scan of the store.
+    pub(crate) fn holds_live_writes_of(
+        &self,
+        replica: crate::id::ReplicaId,
+        upto: u64,
+        removed: &CausalContext,
+        now_ms: u64,
+    ) -> bool {
+        let ours = |d: &Dot| d.actor == replica && d.counter <= upto && !removed.contains_unretired(d);
+        let live_lease = |p: &ProviderId| {
+            self.leases
+                .get(p)
+                .and_then(|f| f.winner(|l| l.issued))
+                .is_some_and(|(_, l)| l.is_live(now_ms))
+        };
+        let leases = self
+            .leases
+            .iter()
+            .any(|(p, f)| f.iter().any(|(d, l)| ours(d) && l.is_live(now_ms)) && live_lease(p));
+        leases
+            || self
+                .regs
+                .iter()
+                .any(|(k, f)| f.dots().any(ours) && live_lease(&k.provider))
+    }
+
+    /// The lowest counter of a write `replica` minted that the store holds.
+    pub(crate) fn lowest_own_dot(&self, replica: crate::id::ReplicaId) -> Option<u64> {
+        let regs = self.regs.values().flat_map(|f| f.dots());
+        let leases = self.leases.values().flat_map(|f| f.dots());
+        regs.chain(leases)
+            .filter(|d| d.actor == replica)
+            .map(|d| d.counter)
+            .min()
+    }
+
+    /// Every stored write `replica` minted, with its value: a full-like state (it names no
+    /// keys, so joining it visits every key) whose context is empty until the caller sets it.
+    pub(crate) fn own_writes(&self, replica: crate::id::ReplicaId) -> State {
+        let mut out = State::new();
+        for (k, f) in &self.regs {
+            for (d, v) in f.iter().filter(|(d, _)| d.actor == replica) {
+                out.insert_reg(k.clone(), d.clone(), v.clone());
+            }
+        }
+        for (p, f) in &self.leases {
+            for (d, v) in f.iter().filter(|(d, _)| d.actor == replica) {
+                out.insert_lease(p.clone(), d.clone(), *v);
+            }
+        }
+        out
+    }
+
+    /// Every dot the store holds, as a context.
+    pub(crate) fn stored_dots(&self) -> CausalContext {
+        let regs = self.regs.values().flat_map(|f| f.dots());
+        let leases = self.leases.values().flat_map(|f| f.dots());
+        CausalContext::from_dots(regs.chain(leases).cloned())
+    }
+
     /// How many stored dots `replica` minted.
     pub(crate) fn dots_of(&self, replica: crate::id::ReplicaId) -> usize {
         let regs = self.regs.values().flat_map(|f| f.dots());

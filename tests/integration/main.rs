@@ -18,6 +18,9 @@ mod registry_codec;
 /// Size stays bounded by live services however long the churn.
 mod registry_size;
 
+/// Admission against arbitrary (not only reachable) deltas: no poison sticks.
+mod registry_hostile;
+
 /// A crashed node resumes under its counter floor and closes the gap.
 mod registry_restart;
 
