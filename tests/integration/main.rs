@@ -30,6 +30,10 @@ mod transport_sim;
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
 
+/// A hostile peer with the secret sends poisoned deltas; the cluster keeps every live
+/// owner's registrations.
+mod hostile_peer;
+
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 

@@ -29,18 +29,18 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-const SECRET: &str = "loopback test secret, 32 bytes..";
-const CLUSTER: &str = "loopback";
+pub(crate) const SECRET: &str = "loopback test secret, 32 bytes..";
+pub(crate) const CLUSTER: &str = "loopback";
 /// How long any wait may take before the test fails; conditions usually hold in well
 /// under a second.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// A configuration with short intervals, so a test takes seconds.
-fn config(name: &str, secret: Option<&str>) -> DriverConfig {
+pub(crate) fn config(name: &str, secret: Option<&str>) -> DriverConfig {
     let mut c = DriverConfig::new(CLUSTER, name);
     c.secret = secret.map(|s| Secret::new(s).unwrap());
     c.protocol = Config {
@@ -62,7 +62,7 @@ fn config(name: &str, secret: Option<&str>) -> DriverConfig {
     c
 }
 
-async fn start(id: u64, config: DriverConfig, seeds: &[&Handle]) -> Handle {
+pub(crate) async fn start(id: u64, config: DriverConfig, seeds: &[&Handle]) -> Handle {
     start_with(Replica::new(ReplicaId(id)), config, seeds).await
 }
 
@@ -74,7 +74,7 @@ async fn start_with(replica: Replica, config: DriverConfig, seeds: &[&Handle]) -
 }
 
 /// Waits until `cond` holds, polling; fails the test after [`PATIENCE`].
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
         assert!(
@@ -91,7 +91,7 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?}: {what}"))
 }
 
-fn shows(node: &Handle, service: &str, provider: &str) -> bool {
+pub(crate) fn shows(node: &Handle, service: &str, provider: &str) -> bool {
     let service = ServiceName::new(service).unwrap();
     let replica = node.replica();
     let found = replica
@@ -100,14 +100,14 @@ fn shows(node: &Handle, service: &str, provider: &str) -> bool {
     found
 }
 
-fn members(node: &Handle) -> usize {
+pub(crate) fn members(node: &Handle) -> usize {
     let service = ServiceName::new(MEMBERS_SERVICE).unwrap();
     let replica = node.replica();
     let count = replica.instances(&service, now_ms()).count();
     count
 }
 
-async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: Duration) {
+pub(crate) async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: Duration) {
     node.register(
         ServiceName::new(service).unwrap(),
         ProviderId::new(provider).unwrap(),
@@ -119,7 +119,7 @@ async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: 
     .unwrap();
 }
 
-async fn shutdown_all(nodes: &[&Handle]) {
+pub(crate) async fn shutdown_all(nodes: &[&Handle]) {
     for n in nodes {
         within("a node to shut down", n.shutdown()).await;
         assert!(n.is_stopped());
@@ -127,7 +127,7 @@ async fn shutdown_all(nodes: &[&Handle]) {
 }
 
 /// Three nodes (A the seed of B and C) that know each other and see each other's members.
-async fn cluster_of_three(secret: Option<&str>) -> (Handle, Handle, Handle) {
+pub(crate) async fn cluster_of_three(secret: Option<&str>) -> (Handle, Handle, Handle) {
     let a = start(1, config("a", secret), &[]).await;
     let b = start(2, config("b", secret), &[&a]).await;
     let c = start(3, config("c", secret), &[&a]).await;
@@ -245,7 +245,7 @@ async fn a_node_of_another_cluster_is_refused() {
 }
 
 /// A WebSocket client that speaks the subprotocol and nothing else.
-async fn raw_client(node: &Handle) -> WebSocketStream<TcpStream> {
+pub(crate) async fn raw_client(node: &Handle) -> WebSocketStream<TcpStream> {
     let tcp = TcpStream::connect(node.local_addr()).await.unwrap();
     let uri: Uri = node.info().url.parse().unwrap();
     let request = ClientRequestBuilder::new(uri).with_sub_protocol("roster.v1");
@@ -253,7 +253,7 @@ async fn raw_client(node: &Handle) -> WebSocketStream<TcpStream> {
 }
 
 /// A raw client that authenticates as a node with the cluster secret.
-async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpStream> {
+pub(crate) async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpStream> {
     let mut ws = raw_client(node).await;
     let cfg = HandshakeConfig {
         cluster: CLUSTER.into(),
@@ -275,7 +275,7 @@ async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpStream> {
     ws
 }
 
-async fn next_binary(ws: &mut WebSocketStream<TcpStream>) -> Vec<u8> {
+pub(crate) async fn next_binary(ws: &mut WebSocketStream<TcpStream>) -> Vec<u8> {
     within("a binary frame", async {
         loop {
             match ws.next().await.unwrap().unwrap() {
@@ -289,7 +289,7 @@ async fn next_binary(ws: &mut WebSocketStream<TcpStream>) -> Vec<u8> {
 }
 
 /// Reads until the node closes the connection; returns its close code, if it sent one.
-async fn closed(ws: &mut WebSocketStream<TcpStream>) -> Option<CloseCode> {
+pub(crate) async fn closed(ws: &mut WebSocketStream<TcpStream>) -> Option<CloseCode> {
     within("the node to close the connection", async {
         loop {
             match ws.next().await {
@@ -559,7 +559,7 @@ const FIRST: u8 = 0x01;
 const MORE: u8 = 0x02;
 
 /// An envelope as one WebSocket message.
-fn whole(envelope: &Envelope) -> Vec<u8> {
+pub(crate) fn whole(envelope: &Envelope) -> Vec<u8> {
     [&[WHOLE][..], &envelope.encode()].concat()
 }
 

@@ -40,6 +40,7 @@ mod chunk;
 mod conn;
 mod limits;
 mod node;
+mod quiet_log;
 mod tls;
 
 use std::net::SocketAddr;

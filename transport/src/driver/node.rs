@@ -15,6 +15,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::conn::{self, ConnEvent, Cut, Outbox, Outgoing, Shared};
 use super::limits::bump;
+use super::quiet_log::QuietLog;
 use super::{now_ms, DriverError};
 use crate::message::Message;
 use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
@@ -98,7 +99,12 @@ pub(super) struct NodeTask {
     /// Change events waiting for the snapshot that shows them: a subscriber that reads
     /// the replica on an event always finds the change there.
     events_due: Vec<Change>,
+    /// One line per peer per minute about the messages it sent that were refused.
+    refusals: QuietLog<ReplicaId>,
 }
+
+/// How often the log may speak of refusals from the same peer.
+const REFUSAL_LOG_EVERY_MS: u64 = 60_000;
 
 impl NodeTask {
     pub(super) fn new(
@@ -125,6 +131,7 @@ impl NodeTask {
             snapshot_cost: Duration::ZERO,
             stopping: false,
             events_due: Vec::new(),
+            refusals: QuietLog::new(REFUSAL_LOG_EVERY_MS),
         }
     }
 
@@ -220,12 +227,23 @@ impl NodeTask {
             }
             ConnEvent::Message { conn, envelope } => {
                 let mutates = matches!(envelope.message, Message::Delta { .. } | Message::Elided { .. });
+                let peer = self.node.peer_on(conn);
                 match self.node.handle_message(conn, envelope, now) {
                     Ok(()) => self.dirty |= mutates,
                     Err(ProtocolError::UnknownConnection(_)) => {
                         debug!(node, conn, "a message after the connection closed; dropped")
                     }
-                    Err(e) => warn!(node, conn, "refused a message and closed the connection: {e}"),
+                    Err(e) => {
+                        let held = peer.and_then(|p| self.refusals.allow(p, now));
+                        if let (Some(p), Some(held)) = (peer, held) {
+                            let what = if e.closes() {
+                                "closed the connection"
+                            } else {
+                                "kept the connection"
+                            };
+                            warn!(node, conn, peer = %p, held_back = held, "refused a message and {what}: {e}");
+                        }
+                    }
                 }
             }
             ConnEvent::Down { conn, reason } => {

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    CausalContext, Change, ClockSkew, Dot, Endpoint, HlcClock, InvalidInput, Metadata, ProviderId, RegKey,
-    Replica, ReplicaId, ServiceName, State,
+    Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, HlcClock, InvalidInput,
+    Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
 };
 
 use crate::backoff::{Backoff, BackoffPolicy, Failure};
@@ -145,8 +145,11 @@ pub struct Config {
     /// No collection of expired leases until this long after start: a node that was down
     /// must first hear the renewals it missed (no mass expiry after a restart).
     pub expire_holdoff_ms: u64,
-    /// The most a peer's clock may run ahead of ours.
+    /// The most a peer's clock, and any time in what it sends, may run ahead of ours.
     pub max_skew_ms: u64,
+    /// How far above the greatest counter seen from a node a dot of that node may lie
+    /// (see [`Bounds`]).
+    pub max_counter_jump: u64,
     /// How long a full state sent to a peer waits for its acknowledgement before another
     /// may follow.
     pub full_sync_pause_ms: u64,
@@ -175,6 +178,7 @@ impl Default for Config {
             expire_grace_ms: 5_000,
             expire_holdoff_ms: 90_000,
             max_skew_ms: 5_000,
+            max_counter_jump: Bounds::DEFAULT_MAX_COUNTER_JUMP,
             full_sync_pause_ms: 5_000,
             reconnect_interval_ms: 30_000,
             forget_lost_after_ms: 24 * 60 * 60 * 1000,
@@ -197,6 +201,19 @@ pub enum ProtocolError {
     /// A message arrived on a connection the node does not know.
     #[error("message on unknown connection {0}")]
     UnknownConnection(ConnId),
+    /// A state it carried was refused by [`Replica::admit`]: it would have retired a live
+    /// node, planted a forged or runaway counter, or a time too far ahead. Not joined, not
+    /// acknowledged; the connection is closed unless the refusal is transient.
+    #[error("refused a state from the peer: {0}")]
+    Refused(#[from] Refusal),
+}
+
+impl ProtocolError {
+    /// Whether the connection is closed for it: every error but a refusal that time can
+    /// mend (a write stamped a little ahead of our clock is admitted once it catches up).
+    pub fn closes(&self) -> bool {
+        !matches!(self, ProtocolError::Refused(r) if r.is_transient())
+    }
 }
 
 /// How far one peer has come in our delta buffer.
@@ -231,6 +248,10 @@ pub struct Counters {
     pub full_syncs_received: u64,
     /// Messages refused (the connection was closed).
     pub refused: u64,
+    /// States (deltas, full states) refused by [`Replica::admit`], closed or not.
+    pub states_refused: u64,
+    /// Times a peer claimed dots forged under our id and we shipped the truth about them.
+    pub forgeries_refuted: u64,
     /// Digests not sent because one to the same peer was in flight.
     pub digests_coalesced: u64,
 }
@@ -828,7 +849,7 @@ impl Node {
         }
     }
 
-    fn local_delta(&mut self, delta: State, changes: Vec<Change>, now_ms: u64) {
+    pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now_ms: u64) {
         self.buffer.push(None, delta);
         self.schedule_push(now_ms);
         self.emit_changes(changes, now_ms);
@@ -969,6 +990,21 @@ impl Node {
         self.emit_changes(lapsed, now_ms);
     }
 
+    /// Whether a full state sent to `peer` is still waiting for its acknowledgement.
+    fn full_in_flight(&self, peer: ReplicaId, now_ms: u64) -> bool {
+        let sent = self.peers.get(&peer).and_then(|p| p.full_sent_at);
+        sent.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms)
+    }
+
+    /// What a state from a peer may hold at `now_ms`.
+    pub(super) fn bounds(&self, now_ms: u64) -> Bounds {
+        Bounds {
+            now_ms,
+            max_clock_skew_ms: self.cfg.max_skew_ms,
+            max_counter_jump: self.cfg.max_counter_jump,
+        }
+    }
+
     fn expire(&mut self, now_ms: u64) {
         if now_ms < self.expire_from {
             return;
@@ -976,6 +1012,11 @@ impl Node {
         if let Some(applied) = self.replica.expire(now_ms, self.cfg.expire_grace_ms) {
             self.local_delta(applied.delta, applied.changes, now_ms);
         }
+    }
+
+    /// The peer on `conn`, if the connection is open.
+    pub fn peer_on(&self, conn: ConnId) -> Option<ReplicaId> {
+        self.conns.get(&conn).map(|c| c.peer)
     }
 
     /// A message arrived on `conn`.
@@ -995,8 +1036,13 @@ impl Node {
         self.counters.messages_received += 1;
         let result = self.handle(conn, peer, envelope, now_ms);
         if let Err(e) = &result {
-            self.counters.refused += 1;
-            self.close(conn, &e.to_string(), now_ms);
+            if let ProtocolError::Refused(_) = e {
+                self.counters.states_refused += 1;
+            }
+            if e.closes() {
+                self.counters.refused += 1;
+                self.close(conn, &e.to_string(), now_ms);
+            }
         }
         result
     }
@@ -1013,6 +1059,7 @@ impl Node {
         match envelope.message {
             Message::Digest { ctx, reply } => {
                 let theirs = message::decode_digest(&ctx)?;
+                self.refute(&theirs, now_ms);
                 let ours = self.replica.context().clone();
                 let p = self.peers.entry(peer).or_default();
                 p.digest = Some(theirs.clone());
@@ -1022,11 +1069,8 @@ impl Node {
                     // A full state already on its way (not yet acknowledged) is not sent
                     // again: a large one takes the peer a while to join, and digests it
                     // sent meanwhile would otherwise each cost another.
-                    let (acked, full_sent_at) = self
-                        .peers
-                        .get(&peer)
-                        .map_or((None, None), |p| (p.acked, p.full_sent_at));
-                    let in_flight = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
+                    let acked = self.peers.get(&peer).and_then(|p| p.acked);
+                    let in_flight = self.full_in_flight(peer, now_ms);
                     match acked {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
                             self.sync_peer(peer, false, now_ms)
@@ -1044,6 +1088,7 @@ impl Node {
             Message::Delta { seq, delta } => {
                 let delta = message::decode_delta(&delta)?;
                 self.peers.entry(peer).or_default().digest_sent_at = None;
+                self.admit(&delta, now_ms)?;
                 self.apply(peer, delta, now_ms);
                 self.send(conn, Message::Ack { seq }, now_ms);
             }
@@ -1053,10 +1098,12 @@ impl Node {
                 self.counters.full_syncs_received += 1;
                 match elided.into_state(self.replica.state()) {
                     Ok(full) => {
+                        self.admit(&full, now_ms)?;
                         self.apply(peer, full, now_ms);
                         self.send(conn, Message::Ack { seq }, now_ms);
                     }
-                    Err(_) => self.send(conn, Message::NeedFull, now_ms),
+                    Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now_ms),
+                    Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
                 }
             }
             Message::Ack { seq } => {
@@ -1065,7 +1112,12 @@ impl Node {
                 p.full_sent_at = None;
                 p.adopted = false;
             }
-            Message::NeedFull => self.send_full(peer, &CausalContext::new(), now_ms),
+            // At most one full state per pause, however often a peer asks: a request of a
+            // few bytes must not buy a registry's worth of them each time.
+            Message::NeedFull if !self.full_in_flight(peer, now_ms) => {
+                self.send_full(peer, &CausalContext::new(), now_ms)
+            }
+            Message::NeedFull => {}
             Message::Redirect { urls } => {
                 // Learn them as seeds (bounded), and come back to this peer later.
                 for url in urls {

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use rand::RngExt;
-use roster_registry::{CausalContext, ReplicaId, State};
+use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 
 use super::{ConnId, Node, Output, MAX_FORWARD_DOTS};
 use crate::message::{Envelope, Message};
@@ -122,6 +122,26 @@ impl Node {
         self.counters.messages_sent += 1;
         self.counters.bytes_sent += envelope.encode().len() as u64;
         self.outputs.push_back(Output::Send { conn, envelope });
+    }
+
+    /// Checks a state from a peer before it is joined (`Replica::admit`). A state that
+    /// says untrue things about our own dots (forged ones, or a retirement of us) is
+    /// answered at once with the truth, so peers that took it drop it.
+    pub(super) fn admit(&mut self, state: &State, now_ms: u64) -> Result<(), Refusal> {
+        let refused = self.replica.admit(state, &self.bounds(now_ms));
+        if let Err(Refusal::OwnDotAhead { .. } | Refusal::RetiresReceiver(_)) = &refused {
+            self.refute(state.context(), now_ms);
+        }
+        refused
+    }
+
+    /// Answers a peer whose context claims dots of ours we never minted, or retires us
+    /// over writes we hold: ships the truth about our dots (`Replica::refute`).
+    pub(super) fn refute(&mut self, peer: &CausalContext, now_ms: u64) {
+        if let Some(applied) = self.replica.refute(peer, self.cfg.max_counter_jump, now_ms) {
+            self.counters.forgeries_refuted += 1;
+            self.local_delta(applied.delta, applied.changes, now_ms);
+        }
     }
 
     pub(super) fn apply(&mut self, from: ReplicaId, delta: State, now_ms: u64) {
