@@ -6,9 +6,11 @@
 //!
 //! Simulations print their seed; `ROSTER_SIM_SEED=N` replays one.
 
-use roster_registry::{codec, Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
+use roster_registry::{codec, Bounds, Endpoint, Hlc, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::backoff::Backoff;
-use roster_transport::proto::{Config, DialTarget, Node, NodeInfo, Output, PeerMemory, Resume};
+use roster_transport::proto::{
+    Config, DialTarget, Node, NodeInfo, Output, OwnedRegistration, PeerMemory, Resume,
+};
 use roster_transport::sim::{url, Faults, Sim};
 
 use crate::support::sim_seed;
@@ -122,6 +124,60 @@ fn concurrent_reasons_to_ask_a_peer_make_one_request() {
     sim.run_for(20);
     assert_eq!(digests(&sim) - before, 1, "one request in flight per peer");
     assert_eq!(sim.node(1).unwrap().counters().digests_coalesced, 4);
+}
+
+#[test]
+fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
+    // The process before ran with a clock a minute ahead, then the clock was fixed.
+    let now = 1_800_000_000_000;
+    let ahead = Hlc::new(now + 60_000, 0);
+    let (web, p) = (ServiceName::new("web").unwrap(), ProviderId::new("p").unwrap());
+    let ep = Endpoint::new("10.1.1.1", 80).unwrap();
+    let mut replica = Replica::new(ReplicaId(1));
+    replica
+        .register(
+            web.clone(),
+            p.clone(),
+            ep.clone(),
+            Metadata::default(),
+            3_600_000,
+            ahead,
+        )
+        .unwrap();
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let owned = OwnedRegistration {
+        service: web.clone(),
+        provider: p.clone(),
+        endpoint: ep,
+        meta: Metadata::default(),
+        ttl_ms: 3_600_000,
+    };
+    let resume = Resume {
+        owned: vec![owned],
+        drop_unowned: true,
+        ..Resume::default()
+    };
+    let (mut node, _) = Node::with_resume(me, replica, vec![], config(), 7, now, resume).unwrap();
+    // What it holds of its own is stamped at the true time, so a peer with a true clock
+    // takes it at once.
+    let peer = Replica::new(ReplicaId(2));
+    let bounds = Bounds::new(now, config().max_skew_ms);
+    assert_eq!(peer.admit(node.replica().state(), &bounds), Ok(()));
+    let written = node.replica().explain(&web, &p, now).unwrap();
+    assert!(
+        written.writes.iter().all(|(_, r)| r.written.millis() <= now),
+        "{written:?}"
+    );
+    node.handle_timeout(now);
+    while let Some(o) = node.poll_output() {
+        if let Output::Send { envelope, .. } = o {
+            assert!(envelope.sent_at.millis() <= now, "sent at {:?}", envelope.sent_at);
+        }
+    }
 }
 
 #[test]

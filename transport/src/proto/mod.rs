@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, HlcClock, InvalidInput,
+    Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, Hlc, HlcClock, InvalidInput,
     Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
 };
 
@@ -508,7 +508,11 @@ impl Node {
         let endpoint = url_endpoint(&me.url)?;
         let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
         roster_registry::validate_metadata(&meta)?;
-        let last_seen = replica.state().latest_time();
+        // A clock resumes after the newest time it stored, so its writes order after its
+        // old ones; but never after now: a history stamped ahead by a clock since fixed
+        // would keep every write of this node ahead of its peers' clocks (refused by them
+        // until real time caught up). Its own registrations are stamped again below.
+        let last_seen = replica.state().latest_time().min(Hlc::new(now_ms, 0));
         let mut rng = SmallRng::seed_from_u64(seed);
         let jitter = |rng: &mut SmallRng, d: u64| d * 3 / 4 + rng.random_range(0..=d / 2);
         let gossip_at = now_ms + jitter(&mut rng, cfg.gossip_interval_ms);
