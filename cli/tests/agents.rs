@@ -775,6 +775,9 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         ),
         (vec!["register", "web", "no-port"], 2, "invalid address"),
         (vec!["register", "web", "127.0.0.1:99999"], 2, "invalid address"),
+        (vec!["register", "web", "`$(id)`;rm:80"], 2, "invalid address"),
+        (vec!["register", "web", "a_b.example:80"], 2, "invalid address"),
+        (vec!["register", "web", "10.0.0.256:80"], 2, "invalid address"),
         (
             vec!["register", "web", "127.0.0.1:80", "--meta", &big],
             2,

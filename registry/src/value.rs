@@ -34,34 +34,31 @@ pub struct Endpoint {
 impl Endpoint {
     /// Validates and makes an endpoint.
     ///
+    /// The host is a DNS host name (letters, digits, hyphens and dots: labels of 1-63 bytes
+    /// that neither start nor end with a hyphen, at most 253 bytes, an optional trailing
+    /// dot, a last label that is not all digits), an IPv4 address (`10.0.0.7`) or an IPv6
+    /// address (`::1`, or `[::1]` in brackets).
+    ///
     /// # Errors
-    /// [`InvalidInput::Endpoint`] when the host is empty, too long, or holds whitespace or
-    /// control characters, or when the port is 0.
+    /// [`InvalidInput::Endpoint`] when the host is none of these, or when the port is 0.
     pub fn new(host: &str, port: u16) -> Result<Self, InvalidInput> {
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let why = if host.is_empty() {
-            Some("the host is empty")
-        } else if host.len() > MAX_HOST_LEN {
-            Some("the host is longer than 253 bytes")
-        } else if host
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
-        {
-            Some("the host holds whitespace, a control character or '/'")
-        } else if port == 0 {
-            Some("the port is 0")
+        let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let host = bracketed.unwrap_or(host);
+        let why = if port == 0 {
+            Err("the port is 0")
+        } else if bracketed.is_some() || host.contains(':') {
+            host.parse::<core::net::Ipv6Addr>()
+                .map(|_| ())
+                .map_err(|_| "the host is not an IPv6 address")
         } else {
-            None
+            validate_host_name(host)
         };
         match why {
-            Some(why) => Err(InvalidInput::Endpoint {
+            Err(why) => Err(InvalidInput::Endpoint {
                 endpoint: truncate_for_display(&format!("{host}:{port}")),
                 why,
             }),
-            None => Ok(Self {
+            Ok(()) => Ok(Self {
                 host: host.into(),
                 port,
             }),
@@ -103,6 +100,42 @@ impl Endpoint {
     fn validate(&self) -> Result<(), InvalidInput> {
         Self::new(&self.host, self.port).map(|_| ())
     }
+}
+
+/// Checks a host that is not an IPv6 address: an IPv4 address or a DNS host name.
+fn validate_host_name(host: &str) -> Result<(), &'static str> {
+    if host.parse::<core::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() {
+        return Err("the host is empty");
+    }
+    if host.len() > MAX_HOST_LEN {
+        return Err("the host is longer than 253 bytes");
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err("the host has an empty label (two dots in a row, or a leading dot)");
+        }
+        if label.len() > 63 {
+            return Err("a label of the host is longer than 63 bytes");
+        }
+        if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err("the host is not a host name (letters, digits, '-' and dots) nor an IP address");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a label of the host starts or ends with '-'");
+        }
+    }
+    if name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err("the host is not a valid IPv4 address, and a host name's last label is not all digits");
+    }
+    Ok(())
 }
 
 impl fmt::Display for Endpoint {
@@ -243,6 +276,62 @@ mod tests {
         for bad in ["nohost", "::1:53", "a:0", "a:70000", ":80", "a b:80", "a:-1"] {
             assert!(Endpoint::parse(bad).is_err(), "{bad} should be refused");
         }
+    }
+
+    #[test]
+    fn hosts_must_be_host_names_or_ip_literals() {
+        for good in [
+            "localhost:80",
+            "db.local:5432",
+            "db.local.:5432",
+            "a-1.B-2.example:1",
+            "xn--bcher-kva.example:443",
+            "10.0.0.7:8080",
+            "255.255.255.255:1",
+            "[::1]:53",
+            "[fe80::1:2]:53",
+            "[::ffff:10.0.0.1]:80",
+            "svc1.internal:9",
+        ] {
+            let e = Endpoint::parse(good).unwrap_or_else(|e| panic!("{good} should be accepted: {e}"));
+            assert_eq!(Endpoint::parse(&e.to_string()).unwrap(), e, "{good} round-trips");
+        }
+        let long_label = format!("{}.example:80", "a".repeat(64));
+        let long_name = format!("{}a:80", "abcdefgh.".repeat(29));
+        for bad in [
+            "`$(id)`;rm:80",
+            "$(id):80",
+            "a;b:80",
+            "a_b:80",
+            "a/b:80",
+            "a\u{1b}[2J:80",
+            "h\u{e9}te.example:80",
+            "-a.example:80",
+            "a-.example:80",
+            "a..example:80",
+            ".a.example:80",
+            ".:80",
+            "10.0.0.256:80",
+            "1.2.3:80",
+            "010.0.0.1:80",
+            "1234:80",
+            "[10.0.0.1]:80",
+            "[::g]:80",
+            "[a.example]:80",
+            &long_label,
+            &long_name,
+        ] {
+            let e = Endpoint::parse(bad).expect_err(bad);
+            assert!(e.to_string().starts_with("invalid address"), "{bad}: {e}");
+        }
+        // What a peer sends goes through the same rules.
+        let forged: Endpoint =
+            postcard::from_bytes(&postcard::to_stdvec(&("$(id)", 80u16)).unwrap()).unwrap();
+        assert!(forged.validate().is_err());
+        assert!(
+            Endpoint::new("::1", 53).is_ok(),
+            "a stored IPv6 host has no brackets"
+        );
     }
 
     #[test]
