@@ -779,6 +779,22 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         (vec!["register", "web", "a_b.example:80"], 2, "invalid address"),
         (vec!["register", "web", "10.0.0.256:80"], 2, "invalid address"),
         (
+            vec![
+                "register",
+                "web",
+                "127.0.0.1:80",
+                "--meta",
+                "zone=a\ndown  web  web-2",
+            ],
+            2,
+            "printable",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--meta", "zone=\u{1b}[31mred"],
+            2,
+            "printable",
+        ),
+        (
             vec!["register", "web", "127.0.0.1:80", "--meta", &big],
             2,
             "metadata",

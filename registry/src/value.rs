@@ -154,11 +154,24 @@ impl fmt::Debug for Endpoint {
     }
 }
 
+/// Whether `c` prints as itself: not a control character (C0, DEL, C1: newlines, escape
+/// sequences) and not an invisible formatting character that reorders or hides text (bidi
+/// controls, zero-width characters, the byte-order mark). Metadata keys and values hold only
+/// these, so what a terminal shows is what was registered.
+pub fn is_printable(c: char) -> bool {
+    !c.is_control()
+        && !matches!(
+            c,
+            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
 /// Checks metadata against the limits ([`MAX_META_PAIRS`], [`MAX_META_BYTES`],
-/// [`MAX_META_KEY_LEN`]; keys non-empty and free of control characters).
+/// [`MAX_META_KEY_LEN`]; keys non-empty and without '='; keys and values only of
+/// [`is_printable`] characters).
 ///
 /// # Errors
-/// [`InvalidInput::Metadata`] naming the limit that was exceeded.
+/// [`InvalidInput::Metadata`] naming the limit or rule that was broken.
 pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
     let bad = |why: String| Err(InvalidInput::Metadata { why });
     if meta.len() > MAX_META_PAIRS {
@@ -171,10 +184,16 @@ pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
     if bytes > MAX_META_BYTES {
         return bad(format!("{bytes} bytes, more than the {MAX_META_BYTES} allowed"));
     }
-    for k in meta.keys() {
-        if k.is_empty() || k.len() > MAX_META_KEY_LEN || k.chars().any(|c| c.is_control() || c == '=') {
+    for (k, v) in meta.iter() {
+        if k.is_empty() || k.len() > MAX_META_KEY_LEN || k.contains('=') || !k.chars().all(is_printable) {
             return bad(format!(
-                "key {:?} must be 1-{MAX_META_KEY_LEN} bytes without '=' or control characters",
+                "key {:?} must be 1-{MAX_META_KEY_LEN} bytes of printable characters without '='",
+                truncate_for_display(k)
+            ));
+        }
+        if !v.chars().all(is_printable) {
+            return bad(format!(
+                "the value of {:?} holds a control or invisible formatting character (a newline, an escape, ...); use printable characters only",
                 truncate_for_display(k)
             ));
         }
@@ -332,6 +351,31 @@ mod tests {
             Endpoint::new("::1", 53).is_ok(),
             "a stored IPv6 host has no brackets"
         );
+    }
+
+    #[test]
+    fn metadata_keys_and_values_hold_printable_characters_only() {
+        let ok: Metadata = [("zone", "eu-1a \u{e9}t\u{e9} \u{1f600}"), ("note", "a=b, c;d")].into();
+        validate_metadata(&ok).unwrap();
+        for (k, v) in [
+            ("zone", "a\n\u{1b}[31mdown  web  web-1"),
+            ("zone", "a\rb"),
+            ("zone", "\u{7f}"),
+            ("zone", "\u{9b}31m"),
+            ("zone", "\u{202e}evil"),
+            ("zone", "zero\u{200b}width"),
+            ("zo\nne", "a"),
+            ("zo\u{1b}ne", "a"),
+            ("\u{feff}zone", "a"),
+        ] {
+            let m: Metadata = [(k, v)].into();
+            let e = validate_metadata(&m).expect_err(&format!("{k:?}={v:?}"));
+            assert!(e.to_string().contains("printable"), "{e}");
+            assert!(
+                !e.to_string().contains('\n') && !e.to_string().contains('\u{1b}'),
+                "{e}"
+            );
+        }
     }
 
     #[test]
