@@ -68,6 +68,11 @@ impl std::str::FromStr for CrashGuard {
 }
 /// The default cluster name.
 pub const DEFAULT_CLUSTER: &str = "roster";
+/// The shortest `ttl` a registration may have ([`Service::ttl`], `roster register --ttl`).
+pub const MIN_REGISTRATION_TTL: Duration = Duration::from_secs(1);
+/// The longest `ttl` a registration may have (one day, as the longest lease): a
+/// registration that should outlive it is registered without a `ttl` and deregistered.
+pub const MAX_REGISTRATION_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The least time between two saves of the replica (group commit).
 const SAVE_INTERVAL: Duration = Duration::from_millis(100);
 /// Saves of a large replica are spaced further: writing may take at most a tenth of the time.
@@ -144,7 +149,7 @@ impl Service {
         }
     }
 
-    /// Adds a metadata pair.
+    /// Adds a metadata pair. A key given twice is refused when registering.
     #[must_use]
     pub fn meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.meta.push((key.into(), value.into()));
@@ -159,7 +164,8 @@ impl Service {
         self
     }
 
-    /// Ends the registration after `ttl` unless it is registered again (default: never).
+    /// Ends the registration after `ttl` unless it is registered again (default: never);
+    /// from [`MIN_REGISTRATION_TTL`] (1 s) to [`MAX_REGISTRATION_TTL`] (24 h).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
@@ -242,6 +248,24 @@ fn ms(t: SystemTime) -> u64 {
 /// The wall clock, in milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
     ms(SystemTime::now())
+}
+
+/// Checks a registration's `ttl` against [`MIN_REGISTRATION_TTL`] and
+/// [`MAX_REGISTRATION_TTL`].
+///
+/// # Errors
+/// One line saying what to use instead.
+pub fn check_ttl(ttl: Duration) -> Result<(), String> {
+    if ttl < MIN_REGISTRATION_TTL {
+        return Err(format!("ttl {ttl:?} is too short; use at least 1s"));
+    }
+    if ttl > MAX_REGISTRATION_TTL {
+        return Err(format!(
+            "ttl {} is too long; use at most 24h (register without --ttl, and deregister, for longer)",
+            humantime::format_duration(ttl)
+        ));
+    }
+    Ok(())
 }
 
 fn millis(d: Duration) -> u64 {
@@ -808,13 +832,11 @@ impl Node {
 
     fn record(&self, s: &Service) -> Result<OwnedRecord, Error> {
         let instance = s.id.clone().unwrap_or_else(|| self.default_instance(&s.name));
-        let ttl = s.ttl.map(millis);
-        if ttl.is_some_and(|t| t < 1_000) {
-            return Err(Error::Invalid(format!(
-                "ttl {:?} is too short; use at least 1s",
-                s.ttl.unwrap_or_default()
-            )));
+        if let Some(t) = s.ttl {
+            check_ttl(t).map_err(Error::Invalid)?;
         }
+        roster_registry::metadata_from_pairs(&s.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+        let ttl = s.ttl.map(millis);
         let now = now_ms();
         let rec = OwnedRecord {
             service: s.name.clone(),

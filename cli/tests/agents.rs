@@ -829,10 +829,54 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
             err.contains(needle),
             "roster {args:?}: {err:?} does not say {needle:?}"
         );
-        if code == 1 {
+        // Every error but the argument parser's is one line.
+        if code == 1 || !err.starts_with("error: ") {
             assert_eq!(err.lines().count(), 1, "one line: {err:?}");
             assert!(err.starts_with("roster: error: "), "{err:?}");
         }
+    }
+    // Input the agent would refuse, or once accepted (or cut the connection over), is
+    // refused before it is sent: exit 2, one line.
+    let mut many = vec!["register", "web", "127.0.0.1:80"];
+    many.extend(std::iter::repeat_n(["--meta", "k=v"], 10_000).flatten());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "register",
+                "web",
+                "127.0.0.1:80",
+                "--meta",
+                "zone=a",
+                "--meta",
+                "zone=b",
+            ],
+            "\"zone\" is given twice",
+        ),
+        (many, "10000 pairs"),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--ttl", "25h"],
+            "at most 24h",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--ttl", "500000000000days"],
+            "at most 24h",
+        ),
+        (
+            vec!["register", "web", "127.0.0.1:80", "--ttl", "500ms"],
+            "at least 1s",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = a.roster(&args);
+        let err = text(&out.stderr);
+        let shown = &args[..args.len().min(8)];
+        assert_eq!(out.status.code(), Some(2), "roster {shown:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "roster {shown:?}: {err:?} does not say {needle:?}"
+        );
+        assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+        assert!(err.starts_with("roster: error: "), "{err:?}");
     }
     assert_eq!(a.json(&["ls"]), serde_json::json!([]));
 

@@ -201,6 +201,34 @@ pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
     Ok(())
 }
 
+/// Metadata from pairs given one by one (command-line flags, a client's request), checked:
+/// more than [`MAX_META_PAIRS`] pairs, or a key given twice, is refused rather than
+/// silently collapsed, and the result must pass [`validate_metadata`].
+///
+/// # Errors
+/// [`InvalidInput::Metadata`] naming the rule that was broken.
+pub fn metadata_from_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Result<Metadata, InvalidInput> {
+    if pairs.len() > MAX_META_PAIRS {
+        return Err(InvalidInput::Metadata {
+            why: format!("{} pairs, more than the {MAX_META_PAIRS} allowed", pairs.len()),
+        });
+    }
+    let mut meta = Metadata::new();
+    for (k, v) in pairs {
+        let k = k.as_ref();
+        if meta.insert(k, v.as_ref()).is_some() {
+            return Err(InvalidInput::Metadata {
+                why: format!(
+                    "key {:?} is given twice; give each key once",
+                    truncate_for_display(k)
+                ),
+            });
+        }
+    }
+    validate_metadata(&meta)?;
+    Ok(meta)
+}
+
 /// One provider's registration of one service: the value of a last-writer-wins register.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registration {
@@ -351,6 +379,19 @@ mod tests {
             Endpoint::new("::1", 53).is_ok(),
             "a stored IPv6 host has no brackets"
         );
+    }
+
+    #[test]
+    fn metadata_from_pairs_refuses_a_key_given_twice_and_too_many_pairs() {
+        let m = metadata_from_pairs(&[("zone", "a"), ("rack", "7")]).unwrap();
+        assert_eq!((m.get("zone"), m.len()), (Some("a"), 2));
+        let e = metadata_from_pairs(&[("zone", "a"), ("rack", "7"), ("zone", "b")]).unwrap_err();
+        assert!(e.to_string().contains("\"zone\" is given twice"), "{e}");
+        let many: Vec<(String, String)> = (0..10_000).map(|_| ("k".to_string(), "v".to_string())).collect();
+        let e = metadata_from_pairs(&many).unwrap_err();
+        assert!(e.to_string().contains("10000 pairs"), "{e}");
+        let e = metadata_from_pairs(&[("k", "v\n")]).unwrap_err();
+        assert!(e.to_string().contains("printable"), "{e}");
     }
 
     #[test]

@@ -253,3 +253,59 @@ async fn a_watch_ends_when_its_node_shuts_down_and_a_sync_without_peers_is_not_t
     let end = tokio::time::timeout(Duration::from_secs(5), w.next()).await;
     assert!(matches!(end, Ok(None)), "the watch ends: {end:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_not_hosts() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .serve_clients(true)
+        .start()
+        .await
+        .unwrap();
+    let mut c = Client::connect(a.url(), None).await.unwrap();
+    let register = |address: &str, meta: Vec<(&str, &str)>, ttl_ms: Option<u64>| Request::Register {
+        service: "web".into(),
+        address: address.into(),
+        meta: meta
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        instance: Some("web-1".into()),
+        ttl_ms,
+    };
+    for (req, needle) in [
+        (
+            register("10.0.0.1:80", vec![("zone", "a"), ("zone", "b")], None),
+            "given twice",
+        ),
+        (register("10.0.0.1:80", vec![("zone", "a\nb")], None), "printable"),
+        (
+            register("10.0.0.1:80", vec![], Some(24 * 3600 * 1000 + 1)),
+            "at most 24h",
+        ),
+        (register("`$(id)`;rm:80", vec![], None), "invalid address"),
+    ] {
+        match c.request(req).await.unwrap() {
+            ServerMessage::Error { kind, message, .. } => {
+                assert_eq!(kind, roster::api::ErrorKind::Invalid, "{message}");
+                assert!(message.contains(needle), "{message:?} does not say {needle:?}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        c.request(Request::Services).await.unwrap(),
+        ServerMessage::Services(vec![])
+    );
+    // The embedded API refuses the same.
+    let twice = a
+        .register(Service::new("web", "10.0.0.1:80").meta("k", "1").meta("k", "2"))
+        .await;
+    assert!(matches!(twice, Err(roster::Error::Invalid(_))), "{twice:?}");
+    let long = a
+        .register(Service::new("web", "10.0.0.1:80").ttl(Duration::from_secs(25 * 3600)))
+        .await;
+    assert!(matches!(long, Err(roster::Error::Invalid(_))), "{long:?}");
+    assert!(a.lookup("web").is_empty());
+    a.shutdown().await.unwrap();
+}
