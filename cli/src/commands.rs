@@ -101,7 +101,7 @@ pub async fn register(
             if c.json {
                 output::json(&serde_json::json!({ "service": service, "instance": instance }));
             } else {
-                println!("{instance}");
+                output::text_line(&instance);
             }
             Ok(())
         }
@@ -221,7 +221,7 @@ pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
                         "meta": output::meta_json(&i.meta),
                     }));
                 } else {
-                    output::line(&format!(
+                    output::text_line(&format!(
                         "up    {}  {}  {}  {}",
                         i.service,
                         i.instance,
@@ -241,7 +241,7 @@ pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
                         "meta": output::meta_json(&meta),
                     }));
                 } else {
-                    output::line(&format!("down  {service}  {instance}  {address}"));
+                    output::text_line(&format!("down  {service}  {instance}  {address}"));
                 }
             }
             other => return Err(refused(other)),

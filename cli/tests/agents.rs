@@ -1233,3 +1233,191 @@ fn an_agent_with_nobody_to_join_opens_no_connection() {
     assert_eq!(s["counters"]["connections_opened"], 0, "{s}");
     assert_eq!(s["counters"]["frames_sent"], 0, "{s}");
 }
+
+/// An impostor: a WebSocket server on a free loopback port that speaks the client
+/// protocol's hello without holding any secret (it says it asks for none), then claims
+/// success for everything: a forged proof, instances whose fields carry newlines and
+/// escape sequences, a watch that forges a `down` line. It notes what each client sent.
+struct FakeAgent {
+    url: String,
+    received: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    addr: std::net::SocketAddr,
+}
+
+const EVIL: &str = "a\n\u{1b}[31mdown  web  web-2  10.6.6.6:80\u{1b}[0m";
+
+impl FakeAgent {
+    fn start() -> FakeAgent {
+        use roster::api::{
+            decode, encode, ClientMessage, EventView, InstanceView, Request, ServerHello, ServerMessage,
+        };
+        use tokio_tungstenite::tungstenite;
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (log, halt) = (received.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for tcp in listener.incoming() {
+                if halt.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(tcp) = tcp else { continue };
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    #[allow(clippy::result_large_err)] // the signature is tungstenite's
+                    let echo =
+                        |req: &tungstenite::handshake::server::Request,
+                         mut resp: tungstenite::handshake::server::Response| {
+                            if let Some(p) = req.headers().get("Sec-WebSocket-Protocol") {
+                                resp.headers_mut().insert("Sec-WebSocket-Protocol", p.clone());
+                            }
+                            Ok(resp)
+                        };
+                    let Ok(mut ws) = tungstenite::accept_hdr(tcp, echo) else {
+                        return;
+                    };
+                    let send = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, m: &ServerMessage| {
+                        ws.send(tungstenite::Message::binary(encode(m)))
+                    };
+                    let hello = ServerHello {
+                        node: "00000000000000aa".into(),
+                        name: "impostor".into(),
+                        nonce: [9; 32],
+                        auth_required: false,
+                    };
+                    if send(&mut ws, &ServerMessage::Hello(hello)).is_err() {
+                        return;
+                    }
+                    let instance = |id: &str| InstanceView {
+                        service: "web".into(),
+                        instance: id.into(),
+                        address: "10.0.0.1:80".into(),
+                        meta: vec![("zone".into(), EVIL.into())],
+                        node: "00000000000000aa".into(),
+                        registered_at_ms: 0,
+                        lease_expires_at_ms: 0,
+                    };
+                    while let Ok(msg) = ws.read() {
+                        let tungstenite::Message::Binary(b) = msg else {
+                            continue;
+                        };
+                        let Ok(msg) = decode::<ClientMessage>(&b) else {
+                            return;
+                        };
+                        log.lock().unwrap().push(match &msg {
+                            ClientMessage::Auth { .. } => "auth".to_string(),
+                            ClientMessage::Request(r) => format!("{r:?}"),
+                        });
+                        let answers = match msg {
+                            ClientMessage::Auth { .. } => vec![ServerMessage::AuthOk { proof: [0; 32] }],
+                            ClientMessage::Request(Request::Register { .. }) => {
+                                vec![ServerMessage::Registered {
+                                    instance: format!("web-1{EVIL}"),
+                                }]
+                            }
+                            ClientMessage::Request(Request::Deregister { .. }) => {
+                                vec![ServerMessage::Deregistered]
+                            }
+                            ClientMessage::Request(Request::Services) => {
+                                vec![ServerMessage::Services(vec![("web".into(), 1)])]
+                            }
+                            ClientMessage::Request(Request::Instances { .. }) => {
+                                vec![ServerMessage::Instances(vec![instance("web-1")])]
+                            }
+                            ClientMessage::Request(Request::Watch { .. }) => vec![
+                                ServerMessage::Event(EventView::Up(instance("web-1"))),
+                                ServerMessage::Event(EventView::Down {
+                                    service: "web".into(),
+                                    instance: "web-1".into(),
+                                }),
+                            ],
+                            ClientMessage::Request(_) => vec![ServerMessage::Synced { asked: true }],
+                        };
+                        for a in &answers {
+                            if send(&mut ws, a).is_err() {
+                                return;
+                            }
+                        }
+                        if answers.len() > 1 {
+                            let _ = ws.close(None);
+                        }
+                    }
+                });
+            }
+        });
+        FakeAgent {
+            url: format!("ws://{addr}"),
+            received,
+            stop,
+            addr,
+        }
+    }
+
+    fn received(&self) -> Vec<String> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
+/// Runs `roster` with `args`, killing it (by pid) if it has not exited within `limit`.
+fn roster_within(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("ROSTER_AGENT")
+        .env_remove("ROSTER_CLUSTER_SECRET_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn text_output_escapes_what_an_agent_sent() {
+    let fake = FakeAgent::start();
+    let forged =
+        |stdout: &str| stdout.contains('\u{1b}') || stdout.lines().any(|l| l.starts_with("down  web  web-2"));
+    let out = roster(&["get", "web", "--agent", &fake.url]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(stdout.lines().count(), 2, "a header and one row: {stdout}");
+    assert!(!forged(&stdout), "{stdout:?}");
+    assert!(stdout.contains("\\n\\u{1b}[31mdown"), "{stdout:?}");
+
+    let out = roster(&["register", "web", "10.0.0.1:80", "--agent", &fake.url]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(stdout.lines().count(), 1, "{stdout:?}");
+    assert!(!forged(&stdout), "{stdout:?}");
+
+    // The impostor's watch sends one up, one down, then hangs up (the CLI then exits 1).
+    let out = roster_within(&["watch", "web", "--agent", &fake.url], Duration::from_secs(10));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout:?}");
+    assert!(
+        lines[0].starts_with("up    web  web-1  10.0.0.1:80  zone=a\\n"),
+        "{stdout:?}"
+    );
+    assert_eq!(lines[1], "down  web  web-1  10.0.0.1:80");
+    assert!(!forged(&stdout), "{stdout:?}");
+    // Each command reached the impostor (no secret here, so none was asked of it).
+    let got = fake.received();
+    assert!(got.iter().any(|r| r.starts_with("Watch")), "{got:?}");
+    assert!(!got.contains(&"auth".to_string()), "{got:?}");
+}
