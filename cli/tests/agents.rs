@@ -1234,6 +1234,18 @@ fn an_agent_with_nobody_to_join_opens_no_connection() {
     assert_eq!(s["counters"]["frames_sent"], 0, "{s}");
 }
 
+/// Writes a cluster secret file readable by its owner only, as `roster` requires.
+fn secret_file(dir: &Path, name: &str, secret: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, secret).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+const STRONG_SECRET: &str = "q8Vw0yU3kq2m9Hc7r1XfLZb0pQe5T4nJ6sYdGa2uWkE=";
+
 /// An impostor: a WebSocket server on a free loopback port that speaks the client
 /// protocol's hello without holding any secret (it says it asks for none), then claims
 /// success for everything: a forged proof, instances whose fields carry newlines and
@@ -1420,4 +1432,41 @@ fn text_output_escapes_what_an_agent_sent() {
     let got = fake.received();
     assert!(got.iter().any(|r| r.starts_with("Watch")), "{got:?}");
     assert!(!got.contains(&"auth".to_string()), "{got:?}");
+}
+
+#[test]
+fn a_secret_file_others_can_read_is_refused_with_the_chmod_to_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let path = secret_file(root.path(), "secret", STRONG_SECRET);
+    let shown = path.display().to_string();
+    let data = root.path().join("data");
+    let a = Agent::start(&root.path().join("a"), "a", &["--cluster-secret-file", &shown]);
+    for mode in [0o644, 0o640, 0o604, 0o660] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let agent = roster_within(
+            &[
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--cluster-secret-file",
+                &shown,
+            ],
+            Duration::from_secs(10),
+        );
+        let client = roster(&["ls", "--agent", &a.url, "--cluster-secret-file", &shown]);
+        for (what, out) in [("agent", agent), ("ls", client)] {
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{what} with mode {mode:o}: {err}");
+            assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+            assert!(err.contains(&format!("run `chmod 600 {shown}`")), "{err}");
+            assert!(err.contains(&format!("{mode:04o}")), "{err}");
+        }
+        assert!(!data.exists(), "a refused start creates no data dir");
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = roster(&["ls", "--agent", &a.url, "--cluster-secret-file", &shown]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
