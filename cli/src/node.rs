@@ -272,6 +272,37 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The secret length below which a node warns at start (the hard minimum is
+/// [`roster_transport::handshake::MIN_SECRET_LEN`]).
+const STRONG_SECRET_LEN: usize = 32;
+/// The fewest distinct byte values a secret of [`STRONG_SECRET_LEN`] bytes or more may hold
+/// without a warning (a hex string of random bytes holds 16; `aaaa...` or a repeated word
+/// far fewer).
+const STRONG_SECRET_DISTINCT: usize = 10;
+
+/// Why a secret looks easy to guess, if it does: fewer than [`STRONG_SECRET_LEN`] bytes,
+/// or fewer than [`STRONG_SECRET_DISTINCT`] distinct byte values. A heuristic: it cannot
+/// tell a passphrase from random bytes, only catch the obvious.
+fn secret_weakness(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < STRONG_SECRET_LEN {
+        return Some(format!(
+            "has {} bytes, fewer than {STRONG_SECRET_LEN}",
+            bytes.len()
+        ));
+    }
+    let mut seen = [false; 256];
+    for &b in bytes {
+        seen[usize::from(b)] = true;
+    }
+    let distinct = seen.iter().filter(|&&x| x).count();
+    (distinct < STRONG_SECRET_DISTINCT).then(|| {
+        format!(
+            "holds only {distinct} distinct byte values in {} bytes",
+            bytes.len()
+        )
+    })
+}
+
 /// How to start a [`Node`].
 #[derive(Debug, Clone)]
 pub struct NodeBuilder {
@@ -476,6 +507,12 @@ impl NodeBuilder {
             .map(Secret::new)
             .transpose()
             .map_err(|e| Error::Invalid(e.to_string()))?;
+        if let Some(why) = self.secret.as_ref().and_then(|s| secret_weakness(s)) {
+            warn!(
+                "the cluster secret {why}: a short or repetitive secret can be guessed offline from one captured proof; \
+                 use {STRONG_SECRET_LEN} random bytes (`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)"
+            );
+        }
         let listener = TcpListener::bind(&self.listen)
             .await
             .map_err(|source| Error::Listen {
@@ -1418,5 +1455,28 @@ impl Stream for Watch {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         self.inner.as_mut().poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_or_repetitive_secrets_are_called_weak_and_random_ones_are_not() {
+        assert!(secret_weakness(b"sixteen-bytes-or-more")
+            .unwrap()
+            .contains("21 bytes"));
+        assert!(secret_weakness(&[b'a'; 64]).unwrap().contains("1 distinct"));
+        assert!(secret_weakness(b"passwordpasswordpasswordpassword").is_some());
+        // 32 random bytes in base64 (as the docs say to make one), and in hex.
+        assert_eq!(
+            secret_weakness(b"q8Vw0yU3kq2m9Hc7r1XfLZb0pQe5T4nJ6sYdGa2uWkE="),
+            None
+        );
+        assert_eq!(
+            secret_weakness(b"3f9a0c27d1e84b6f5a2c9e07b3d14f68a9c2e5071b3d4f6e8a0c2e4f6a8b0c1d"),
+            None
+        );
     }
 }

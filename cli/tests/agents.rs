@@ -1470,3 +1470,50 @@ fn a_secret_file_others_can_read_is_refused_with_the_chmod_to_run() {
     let out = roster(&["ls", "--agent", &a.url, "--cluster-secret-file", &shown]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
+    let root = tempfile::tempdir().unwrap();
+    let warnings = |name: &str, secret: &str| -> String {
+        let path = secret_file(root.path(), &format!("{name}.secret"), secret);
+        let mut child = Command::new(BIN)
+            .args([
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--node-name",
+                name,
+                "--cluster-secret-file",
+            ])
+            .arg(&path)
+            .arg("--data-dir")
+            .arg(root.path().join(name).join("data"))
+            .env("ROSTER_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("listening on") {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(line.starts_with("listening on"), "the agent {name} did not start");
+        text(&out.stderr)
+    };
+    let short = warnings("short", "twenty-byte-secret!!");
+    assert!(
+        short.contains("WARN") && short.contains("fewer than 32"),
+        "{short}"
+    );
+    assert!(short.contains("head -c 32 /dev/urandom"), "{short}");
+    let repetitive = warnings("repetitive", &"ab".repeat(20));
+    assert!(repetitive.contains("2 distinct byte values"), "{repetitive}");
+    let strong = warnings("strong", STRONG_SECRET);
+    assert!(!strong.contains("cluster secret"), "{strong}");
+}
