@@ -272,6 +272,16 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The secret's bytes as the builder holds them; `Debug` shows only their length.
+#[derive(Clone)]
+struct SecretBytes(Vec<u8>);
+
+impl std::fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes, redacted>", self.0.len())
+    }
+}
+
 /// The secret length below which a node warns at start (the hard minimum is
 /// [`roster_transport::handshake::MIN_SECRET_LEN`]).
 const STRONG_SECRET_LEN: usize = 32;
@@ -310,7 +320,7 @@ pub struct NodeBuilder {
     advertise: Option<String>,
     join: Vec<String>,
     data_dir: Option<PathBuf>,
-    secret: Option<Vec<u8>>,
+    secret: Option<SecretBytes>,
     name: Option<String>,
     cluster: String,
     fanout: usize,
@@ -381,7 +391,7 @@ impl NodeBuilder {
     /// The cluster secret (at least 16 bytes). Without one the node listens on loopback only.
     #[must_use]
     pub fn cluster_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.secret = Some(secret.into());
+        self.secret = Some(SecretBytes(secret.into()));
         self
     }
 
@@ -504,10 +514,10 @@ impl NodeBuilder {
         let secret = self
             .secret
             .clone()
-            .map(Secret::new)
+            .map(|s| Secret::new(s.0))
             .transpose()
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        if let Some(why) = self.secret.as_ref().and_then(|s| secret_weakness(s)) {
+        if let Some(why) = self.secret.as_ref().and_then(|s| secret_weakness(&s.0)) {
             warn!(
                 "the cluster secret {why}: a short or repetitive secret can be guessed offline from one captured proof; \
                  use {STRONG_SECRET_LEN} random bytes (`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)"
@@ -1461,6 +1471,17 @@ impl Stream for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_builders_debug_output_never_shows_the_secret() {
+        let secret = "correct-horse-battery-staple-0123456789";
+        let shown = format!("{:?}", Node::builder().cluster_secret(secret));
+        assert!(!shown.contains(secret), "{shown}");
+        // Nor its bytes as numbers, as a derived Debug of a Vec<u8> would print them.
+        let as_numbers = format!("{:?}", &secret.as_bytes()[..4]);
+        assert!(!shown.contains(as_numbers.trim_matches(['[', ']'])), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
 
     #[test]
     fn short_or_repetitive_secrets_are_called_weak_and_random_ones_are_not() {
