@@ -1400,6 +1400,53 @@ fn roster_within(args: &[&str], limit: Duration) -> Output {
 }
 
 #[test]
+fn a_cli_holding_the_secret_refuses_an_agent_that_cannot_prove_it() {
+    let root = tempfile::tempdir().unwrap();
+    let secret = secret_file(root.path(), "secret", STRONG_SECRET);
+    let secret = secret.to_str().unwrap();
+    let fake = FakeAgent::start();
+    for args in [
+        vec!["ls"],
+        vec!["get", "web"],
+        vec!["register", "web", "10.0.0.1:80"],
+        vec!["deregister", "web", "web-1"],
+    ] {
+        let out = roster(
+            &[
+                &args[..],
+                &["--agent", &fake.url, "--cluster-secret-file", secret],
+            ]
+            .concat(),
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "roster {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+        assert!(err.starts_with("roster: error: cannot authenticate"), "{err}");
+        assert!(err.contains("did not prove it holds the cluster secret"), "{err}");
+        assert!(
+            out.stdout.is_empty(),
+            "roster {args:?} printed {:?}",
+            text(&out.stdout)
+        );
+    }
+    // The impostor got proofs to check, never a request to answer.
+    let got = fake.received();
+    assert!(got.iter().all(|m| m == "auth"), "{got:?}");
+
+    // A real agent without a secret cannot prove one either, and says so.
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let out = a.roster(&["ls", "--cluster-secret-file", secret]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("has no cluster secret"), "{err}");
+    // An agent with the secret proves it to a client on loopback that holds it.
+    let b = Agent::start(&root.path().join("b"), "b", &["--cluster-secret-file", secret]);
+    let out = b.roster(&["register", "web", "10.0.0.1:80", "--cluster-secret-file", secret]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(b.instances("web").len(), 1);
+}
+
+#[test]
 fn text_output_escapes_what_an_agent_sent() {
     let fake = FakeAgent::start();
     let forged =
