@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use roster::api::{EventView, Request, ServerMessage};
+use roster::api::{ClientMessage, EventView, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::transport::handshake::Secret;
 use roster::{Event, Node, Service};
@@ -307,5 +307,61 @@ async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_
         .await;
     assert!(matches!(long, Err(roster::Error::Invalid(_))), "{long:?}");
     assert!(a.lookup("web").is_empty());
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_prove_the_secret_gets_no_proof_from_the_agent() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .cluster_secret(SECRET)
+        .serve_clients(true)
+        .require_client_auth(true)
+        .start()
+        .await
+        .unwrap();
+    let wrong = Secret::new(b"a guessed secret of enough bytes".to_vec()).unwrap();
+    for attempt in ["no proof", "a wrong proof"] {
+        let req = ClientRequestBuilder::new(a.url().parse().unwrap())
+            .with_sub_protocol(roster::transport::driver::CLIENT_SUBPROTOCOL);
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let Some(Ok(WsMessage::Binary(hello))) = ws.next().await else {
+            panic!("no hello")
+        };
+        let ServerMessage::Hello(hello) = roster::api::decode(&hello).unwrap() else {
+            panic!("not a hello")
+        };
+        let msg = if attempt == "no proof" {
+            ClientMessage::Request(Request::Services)
+        } else {
+            let nonce = [5; roster::api::NONCE_LEN];
+            let proof = wrong.prove(roster::api::CLIENT_LABEL, &[&hello.nonce, &nonce]);
+            ClientMessage::Auth { nonce, proof }
+        };
+        ws.send(WsMessage::binary(roster::api::encode(&msg)))
+            .await
+            .unwrap();
+        // Everything the agent sends until it closes: an error, never its proof.
+        let mut answers = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let WsMessage::Binary(b) = m {
+                    answers.push(roster::api::decode::<ServerMessage>(&b).unwrap());
+                }
+            }
+        })
+        .await
+        .expect("the agent closes within 5 s");
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [ServerMessage::Error {
+                    kind: roster::api::ErrorKind::Unauthorized,
+                    ..
+                }]
+            ),
+            "{attempt}: {answers:?}"
+        );
+    }
     a.shutdown().await.unwrap();
 }

@@ -276,6 +276,57 @@ async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpStream> {
     ws
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialer_that_does_not_prove_the_secret_gets_no_proof_from_a_node() {
+    let a = start(1, config("a", Some(SECRET)), &[]).await;
+    // Dialers without the secret: one sends no proof, one a proof under a guessed secret.
+    for guess in [None, Some("a guessed secret of enough bytes")] {
+        let mut ws = raw_client(&a).await;
+        let cfg = HandshakeConfig {
+            cluster: CLUSTER.into(),
+            node: NodeInfo {
+                id: ReplicaId(0xbad),
+                name: "raw".into(),
+                url: "ws://127.0.0.1:9".into(),
+            },
+            secret: guess.map(|g| Secret::new(g).unwrap()),
+            max_skew_ms: 5_000,
+        };
+        let (mut client, hello) = handshake::Client::start(&cfg, [7; handshake::NONCE_LEN], now_ms());
+        ws.send(WsMessage::binary(hello.encode())).await.unwrap();
+        let challenge = HandshakeMessage::decode(&next_binary(&mut ws).await).unwrap();
+        let (_, proof) = client.on_challenge(challenge, now_ms()).unwrap();
+        ws.send(WsMessage::binary(proof.encode())).await.unwrap();
+        // Everything the node sends until it closes: a refusal, never its welcome (the one
+        // frame that carries its proof; the node would not close after one).
+        let mut frames = Vec::new();
+        within("the node to refuse and close", async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let WsMessage::Binary(b) = m {
+                    let frame = HandshakeMessage::decode(&b);
+                    let welcomed = matches!(frame, Ok(HandshakeMessage::Welcome { .. }));
+                    frames.push(frame);
+                    if welcomed {
+                        break;
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(
+                frames.as_slice(),
+                [Ok(HandshakeMessage::Refused {
+                    kind: handshake::RefusalKind::Secret,
+                    ..
+                })]
+            ),
+            "{frames:?}"
+        );
+    }
+    shutdown_all(&[&a]).await;
+}
+
 async fn next_binary(ws: &mut WebSocketStream<TcpStream>) -> Vec<u8> {
     within("a binary frame", async {
         loop {
