@@ -310,7 +310,9 @@ class Roster(System):
         self.agents = {}
         self.watches = {}
         self.secret = os.path.join(work, "secret")
-        with open(self.secret, "wb") as f:
+        # Readable by its owner only: roster refuses a secret file others can read.
+        fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(os.urandom(32))
         self.ids = {}
 

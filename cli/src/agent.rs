@@ -159,7 +159,8 @@ fn file_duration(path: &Path, text: &str, key: &str, v: Option<String>) -> Resul
     .transpose()
 }
 
-/// Reads the cluster secret from `path`: its bytes, without trailing whitespace.
+/// Reads the cluster secret from `path`: its bytes, without trailing whitespace. A file
+/// that group or others may read or write is refused.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| {
@@ -173,6 +174,17 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
             meta.len()
         )));
     }
+    // As ssh does with private keys: a secret others can read is no longer a secret.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(Fail::usage(format!(
+                "the cluster secret file {shown} is open to group or others (mode {mode:04o}); run `chmod 600 {shown}`"
+            )));
+        }
+    }
     let mut bytes = std::fs::read(path).map_err(|e| {
         Fail::usage(format!(
             "cannot read the cluster secret file {shown}: {e}; check --cluster-secret-file"
@@ -184,7 +196,7 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
     let min = roster::transport::handshake::MIN_SECRET_LEN;
     if bytes.len() < min {
         return Err(Fail::usage(format!(
-            "the cluster secret in {shown} has {} bytes; use at least {min} (e.g. `head -c 32 /dev/urandom | base64 > {shown}`)",
+            "the cluster secret in {shown} has {} bytes; use at least {min} (e.g. `head -c 32 /dev/urandom | base64 > {shown}; chmod 600 {shown}`)",
             bytes.len()
         )));
     }

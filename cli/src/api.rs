@@ -7,10 +7,13 @@
 //! 1. The agent speaks first: [`ServerHello`] (its node, a fresh nonce, and whether the
 //!    client must prove the cluster secret: it must when the agent has a secret and the
 //!    client is not on loopback).
-//! 2. When asked to, the client sends [`ClientMessage::Auth`]: its own nonce and
-//!    `HMAC(secret, "roster client v1", server nonce, client nonce)`; the agent answers
-//!    [`ServerMessage::AuthOk`] with its own proof over the same nonces, which the client
-//!    checks (so a client does not trust an agent that does not hold the secret).
+//! 2. When asked to, and always when it holds the secret, the client sends
+//!    [`ClientMessage::Auth`]: its own nonce and
+//!    `HMAC(secret, "roster client v1", server nonce, client nonce)`. Only if that proof is
+//!    right does the agent answer [`ServerMessage::AuthOk`] with its own proof over the same
+//!    nonces, which the client checks: a client that holds the secret never trusts an agent
+//!    that cannot prove it, and a client without it never gets a proof to guess against.
+//!    An agent without a secret answers an `Auth` with an error.
 //! 3. The client sends one [`Request`]; the agent answers with one [`ServerMessage`], or,
 //!    for [`Request::Watch`], a stream of them until either side closes.
 
@@ -315,6 +318,26 @@ pub enum ServerMessage {
         /// Whether a peer was asked.
         asked: bool,
     },
+}
+
+impl ServerMessage {
+    /// What kind of message it is, in a word or two (for error messages).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "a hello",
+            Self::AuthOk { .. } => "a proof",
+            Self::Error { .. } => "an error",
+            Self::Registered { .. } => "registered",
+            Self::Deregistered => "deregistered",
+            Self::Services(_) => "services",
+            Self::Instances(_) => "instances",
+            Self::Event(_) => "an event",
+            Self::Members(_) => "members",
+            Self::Status(_) => "a status",
+            Self::Explain(_) => "an explanation",
+            Self::Synced { .. } => "synced",
+        }
+    }
 }
 
 /// Why bytes are not a message.

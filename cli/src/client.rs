@@ -110,39 +110,67 @@ impl Client {
             ServerMessage::Hello(h) => h,
             other => return Err(client.protocol(format!("sent {other:?} instead of its hello"))),
         };
-        if hello.auth_required {
-            let Some(secret) = secret else {
+        // A client that holds the secret always makes the agent prove it, whatever the
+        // agent's hello says: an impostor without the secret would simply say that it asks
+        // for none.
+        match (secret, hello.auth_required) {
+            (Some(secret), _) => client.authenticate(secret, &hello.nonce).await?,
+            (None, true) => {
                 return Err(ClientError::Unauthorized {
                     url: client.url.clone(),
                     why: "it requires the cluster secret from clients not on loopback; pass --cluster-secret-file FILE (or set ROSTER_CLUSTER_SECRET_FILE)".into(),
                 });
-            };
-            let mut nonce = [0u8; NONCE_LEN];
-            getrandom::fill(&mut nonce).map_err(|e| unreachable(format!("no random nonce: {e}")))?;
-            let proof = secret.prove(CLIENT_LABEL, &[&hello.nonce, &nonce]);
-            client.send(&ClientMessage::Auth { nonce, proof }).await?;
-            match client.recv().await? {
-                ServerMessage::AuthOk { proof } => {
-                    if !secret.verify(AGENT_LABEL, &[&hello.nonce, &nonce], &proof) {
-                        return Err(ClientError::Unauthorized {
-                            url: client.url.clone(),
-                            why: "the agent could not prove it holds the cluster secret".into(),
-                        });
-                    }
-                }
-                ServerMessage::Error { message, .. } => {
-                    return Err(ClientError::Unauthorized {
-                        url: client.url.clone(),
-                        why: message,
-                    })
-                }
-                other => {
-                    return Err(client.protocol(format!("sent {other:?} instead of accepting the proof")))
-                }
             }
+            (None, false) => {}
         }
         client.hello = hello;
         Ok(client)
+    }
+
+    /// Proves the secret to the agent, then checks the agent's proof: the agent proves it
+    /// only after ours was right, so its proof is no oracle for a client without the secret.
+    async fn authenticate(
+        &mut self,
+        secret: &Secret,
+        agent_nonce: &[u8; NONCE_LEN],
+    ) -> Result<(), ClientError> {
+        let unauthorized = |url: &str, why: String| ClientError::Unauthorized {
+            url: url.to_string(),
+            why,
+        };
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce).map_err(|e| ClientError::Unreachable {
+            url: self.url.clone(),
+            why: format!("no random nonce: {e}"),
+        })?;
+        let proof = secret.prove(CLIENT_LABEL, &[agent_nonce, &nonce]);
+        self.send(&ClientMessage::Auth { nonce, proof }).await?;
+        let not_proved = "the agent did not prove it holds the cluster secret";
+        match self.recv().await {
+            Ok(ServerMessage::AuthOk { proof }) => {
+                if secret.verify(AGENT_LABEL, &[agent_nonce, &nonce], &proof) {
+                    Ok(())
+                } else {
+                    Err(unauthorized(
+                        &self.url,
+                        format!("{not_proved} (its proof is wrong); check --agent"),
+                    ))
+                }
+            }
+            Ok(ServerMessage::Error { message, .. }) => Err(unauthorized(&self.url, message)),
+            Ok(other) => Err(unauthorized(
+                &self.url,
+                format!(
+                    "{not_proved} (it answered {} instead); check --agent",
+                    other.name()
+                ),
+            )),
+            Err(ClientError::Protocol { why, .. }) => Err(unauthorized(
+                &self.url,
+                format!("{not_proved} (it {why}); check --agent"),
+            )),
+            Err(e) => Err(e),
+        }
     }
 
     fn protocol(&self, why: String) -> ClientError {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use roster::api::{ErrorKind, EventView, Request, ServerMessage};
 use roster::client::{Client, ClientError};
-use roster::registry::{validate_metadata, Endpoint, Metadata, ProviderId, ServiceName};
+use roster::registry::{metadata_from_pairs, Endpoint, ProviderId, ServiceName};
 use roster::transport::handshake::Secret;
 
 use crate::output;
@@ -77,10 +77,12 @@ pub async fn register(
         };
         pairs.push((k.to_string(), v.to_string()));
     }
-    let md: Metadata = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    validate_metadata(&md).map_err(|e| Fail::usage(e.to_string()))?;
+    metadata_from_pairs(&pairs).map_err(|e| Fail::usage(e.to_string()))?;
     if let Some(i) = &id {
         ProviderId::new(i).map_err(|e| Fail::usage(e.to_string()))?;
+    }
+    if let Some(t) = ttl {
+        roster::check_ttl(t).map_err(Fail::usage)?;
     }
     let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
     let answer = ask(
@@ -99,7 +101,7 @@ pub async fn register(
             if c.json {
                 output::json(&serde_json::json!({ "service": service, "instance": instance }));
             } else {
-                println!("{instance}");
+                output::text_line(&instance);
             }
             Ok(())
         }
@@ -219,7 +221,7 @@ pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
                         "meta": output::meta_json(&i.meta),
                     }));
                 } else {
-                    output::line(&format!(
+                    output::text_line(&format!(
                         "up    {}  {}  {}  {}",
                         i.service,
                         i.instance,
@@ -239,7 +241,7 @@ pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
                         "meta": output::meta_json(&meta),
                     }));
                 } else {
-                    output::line(&format!("down  {service}  {instance}  {address}"));
+                    output::text_line(&format!("down  {service}  {instance}  {address}"));
                 }
             }
             other => return Err(refused(other)),

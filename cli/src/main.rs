@@ -196,7 +196,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(fail) => {
-            eprintln!("roster: error: {}", fail.message);
+            // The message may quote what an agent sent: one line, escaped.
+            eprintln!("roster: error: {}", output::escape(&fail.message));
             ExitCode::from(fail.code)
         }
     }

@@ -68,6 +68,11 @@ impl std::str::FromStr for CrashGuard {
 }
 /// The default cluster name.
 pub const DEFAULT_CLUSTER: &str = "roster";
+/// The shortest `ttl` a registration may have ([`Service::ttl`], `roster register --ttl`).
+pub const MIN_REGISTRATION_TTL: Duration = Duration::from_secs(1);
+/// The longest `ttl` a registration may have (one day, as the longest lease): a
+/// registration that should outlive it is registered without a `ttl` and deregistered.
+pub const MAX_REGISTRATION_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The least time between two saves of the replica (group commit).
 const SAVE_INTERVAL: Duration = Duration::from_millis(100);
 /// Saves of a large replica are spaced further: writing may take at most a tenth of the time.
@@ -144,7 +149,7 @@ impl Service {
         }
     }
 
-    /// Adds a metadata pair.
+    /// Adds a metadata pair. A key given twice is refused when registering.
     #[must_use]
     pub fn meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.meta.push((key.into(), value.into()));
@@ -159,7 +164,8 @@ impl Service {
         self
     }
 
-    /// Ends the registration after `ttl` unless it is registered again (default: never).
+    /// Ends the registration after `ttl` unless it is registered again (default: never);
+    /// from [`MIN_REGISTRATION_TTL`] (1 s) to [`MAX_REGISTRATION_TTL`] (24 h).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
@@ -244,8 +250,67 @@ pub(crate) fn now_ms() -> u64 {
     ms(SystemTime::now())
 }
 
+/// Checks a registration's `ttl` against [`MIN_REGISTRATION_TTL`] and
+/// [`MAX_REGISTRATION_TTL`].
+///
+/// # Errors
+/// One line saying what to use instead.
+pub fn check_ttl(ttl: Duration) -> Result<(), String> {
+    if ttl < MIN_REGISTRATION_TTL {
+        return Err(format!("ttl {ttl:?} is too short; use at least 1s"));
+    }
+    if ttl > MAX_REGISTRATION_TTL {
+        return Err(format!(
+            "ttl {} is too long; use at most 24h (register without --ttl, and deregister, for longer)",
+            humantime::format_duration(ttl)
+        ));
+    }
+    Ok(())
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The secret's bytes as the builder holds them; `Debug` shows only their length.
+#[derive(Clone)]
+struct SecretBytes(Vec<u8>);
+
+impl std::fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes, redacted>", self.0.len())
+    }
+}
+
+/// The secret length below which a node warns at start (the hard minimum is
+/// [`roster_transport::handshake::MIN_SECRET_LEN`]).
+const STRONG_SECRET_LEN: usize = 32;
+/// The fewest distinct byte values a secret of [`STRONG_SECRET_LEN`] bytes or more may hold
+/// without a warning (a hex string of random bytes holds 16; `aaaa...` or a repeated word
+/// far fewer).
+const STRONG_SECRET_DISTINCT: usize = 10;
+
+/// Why a secret looks easy to guess, if it does: fewer than [`STRONG_SECRET_LEN`] bytes,
+/// or fewer than [`STRONG_SECRET_DISTINCT`] distinct byte values. A heuristic: it cannot
+/// tell a passphrase from random bytes, only catch the obvious.
+fn secret_weakness(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < STRONG_SECRET_LEN {
+        return Some(format!(
+            "has {} bytes, fewer than {STRONG_SECRET_LEN}",
+            bytes.len()
+        ));
+    }
+    let mut seen = [false; 256];
+    for &b in bytes {
+        seen[usize::from(b)] = true;
+    }
+    let distinct = seen.iter().filter(|&&x| x).count();
+    (distinct < STRONG_SECRET_DISTINCT).then(|| {
+        format!(
+            "holds only {distinct} distinct byte values in {} bytes",
+            bytes.len()
+        )
+    })
 }
 
 /// How to start a [`Node`].
@@ -255,7 +320,7 @@ pub struct NodeBuilder {
     advertise: Option<String>,
     join: Vec<String>,
     data_dir: Option<PathBuf>,
-    secret: Option<Vec<u8>>,
+    secret: Option<SecretBytes>,
     name: Option<String>,
     cluster: String,
     fanout: usize,
@@ -326,7 +391,7 @@ impl NodeBuilder {
     /// The cluster secret (at least 16 bytes). Without one the node listens on loopback only.
     #[must_use]
     pub fn cluster_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.secret = Some(secret.into());
+        self.secret = Some(SecretBytes(secret.into()));
         self
     }
 
@@ -449,9 +514,15 @@ impl NodeBuilder {
         let secret = self
             .secret
             .clone()
-            .map(Secret::new)
+            .map(|s| Secret::new(s.0))
             .transpose()
             .map_err(|e| Error::Invalid(e.to_string()))?;
+        if let Some(why) = self.secret.as_ref().and_then(|s| secret_weakness(&s.0)) {
+            warn!(
+                "the cluster secret {why}: a short or repetitive secret can be guessed offline from one captured proof; \
+                 use {STRONG_SECRET_LEN} random bytes (`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)"
+            );
+        }
         let listener = TcpListener::bind(&self.listen)
             .await
             .map_err(|source| Error::Listen {
@@ -808,13 +879,11 @@ impl Node {
 
     fn record(&self, s: &Service) -> Result<OwnedRecord, Error> {
         let instance = s.id.clone().unwrap_or_else(|| self.default_instance(&s.name));
-        let ttl = s.ttl.map(millis);
-        if ttl.is_some_and(|t| t < 1_000) {
-            return Err(Error::Invalid(format!(
-                "ttl {:?} is too short; use at least 1s",
-                s.ttl.unwrap_or_default()
-            )));
+        if let Some(t) = s.ttl {
+            check_ttl(t).map_err(Error::Invalid)?;
         }
+        roster_registry::metadata_from_pairs(&s.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+        let ttl = s.ttl.map(millis);
         let now = now_ms();
         let rec = OwnedRecord {
             service: s.name.clone(),
@@ -1396,5 +1465,39 @@ impl Stream for Watch {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         self.inner.as_mut().poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_builders_debug_output_never_shows_the_secret() {
+        let secret = "correct-horse-battery-staple-0123456789";
+        let shown = format!("{:?}", Node::builder().cluster_secret(secret));
+        assert!(!shown.contains(secret), "{shown}");
+        // Nor its bytes as numbers, as a derived Debug of a Vec<u8> would print them.
+        let as_numbers = format!("{:?}", &secret.as_bytes()[..4]);
+        assert!(!shown.contains(as_numbers.trim_matches(['[', ']'])), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    #[test]
+    fn short_or_repetitive_secrets_are_called_weak_and_random_ones_are_not() {
+        assert!(secret_weakness(b"sixteen-bytes-or-more")
+            .unwrap()
+            .contains("21 bytes"));
+        assert!(secret_weakness(&[b'a'; 64]).unwrap().contains("1 distinct"));
+        assert!(secret_weakness(b"passwordpasswordpasswordpassword").is_some());
+        // 32 random bytes in base64 (as the docs say to make one), and in hex.
+        assert_eq!(
+            secret_weakness(b"q8Vw0yU3kq2m9Hc7r1XfLZb0pQe5T4nJ6sYdGa2uWkE="),
+            None
+        );
+        assert_eq!(
+            secret_weakness(b"3f9a0c27d1e84b6f5a2c9e07b3d14f68a9c2e5071b3d4f6e8a0c2e4f6a8b0c1d"),
+            None
+        );
     }
 }

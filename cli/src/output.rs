@@ -1,5 +1,10 @@
 //! Human output (aligned tables) and JSON output.
+//!
+//! Text output shows what peers and agents sent (names, addresses, metadata), so every
+//! field is escaped before it reaches the terminal: a newline or an escape sequence in a
+//! value cannot forge a line or recolour the screen. JSON output escapes by itself.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -11,6 +16,34 @@ pub fn line(s: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{s}");
     let _ = out.flush();
+}
+
+/// `s` with every character that does not print as itself (control characters, escape
+/// sequences, invisible formatting) written as a Rust escape (`\n`, `\u{1b}`).
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if s.chars().all(roster::registry::is_printable) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if roster::registry::is_printable(c) {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Prints one line of text, escaped.
+pub fn text_line(s: &str) {
+    line(&escape(s));
+}
+
+/// Prints lines of text, each escaped.
+fn text_lines(lines: &[String]) {
+    let escaped: Vec<Cow<'_, str>> = lines.iter().map(|l| escape(l)).collect();
+    line(&escaped.join("\n"));
 }
 
 /// Prints a value as pretty JSON.
@@ -31,6 +64,10 @@ pub fn json_line<T: Serialize + ?Sized>(v: &T) {
 
 /// Prints rows under headers, each column as wide as its widest cell.
 pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| r.iter().map(|c| escape(c).into_owned()).collect())
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
@@ -149,7 +186,7 @@ pub fn status(s: &StatusView) {
         "full syncs:      {} sent, {} received",
         c.full_syncs_sent, c.full_syncs_received
     ));
-    line(&out.join("\n"));
+    text_lines(&out);
 }
 
 pub fn explain(x: &ExplainView) {
@@ -191,5 +228,19 @@ pub fn explain(x: &ExplainView) {
     } else {
         out.push(format!("acknowledged by: {}", x.acknowledged_by.join(", ")));
     }
-    line(&out.join("\n"));
+    text_lines(&out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_keeps_printable_text_and_escapes_control_and_invisible_characters() {
+        assert!(matches!(escape("zone=eu-1a été 😀"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape("a\nb\r\u{1b}[31mc\u{9b}d\u{202e}e\u{7f}"),
+            "a\\nb\\r\\u{1b}[31mc\\u{9b}d\\u{202e}e\\u{7f}"
+        );
+    }
 }

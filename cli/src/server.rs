@@ -110,14 +110,13 @@ async fn open(node: &Node, ws: &mut Ws, loopback: bool) -> Result<Request, Strin
     };
     send(ws, &ServerMessage::Hello(hello)).await?;
     let mut msg = recv(ws).await?;
-    if auth_required {
-        let ClientMessage::Auth { nonce: theirs, proof } = msg else {
-            let m = "this agent requires the cluster secret from clients not on loopback; pass --cluster-secret-file";
-            let _ = send(ws, &error(ErrorKind::Unauthorized, m)).await;
-            return Err("a client not on loopback sent no proof of the secret".into());
-        };
+    // A client that sent a proof gets ours only if its proof was right (it always sends one
+    // when it holds the secret, even on loopback, so that it can check ours).
+    if let ClientMessage::Auth { nonce: theirs, proof } = msg {
         let Some(secret) = &node.inner.secret else {
-            return Err("no secret".into());
+            let m = "this agent has no cluster secret, so it cannot prove one; drop --cluster-secret-file, or give the agent the secret";
+            let _ = send(ws, &error(ErrorKind::Unauthorized, m)).await;
+            return Err("a client sent a proof of a secret this agent does not have".into());
         };
         if !secret.verify(CLIENT_LABEL, &[&nonce, &theirs], &proof) {
             let m = "wrong cluster secret; pass the agent's --cluster-secret-file";
@@ -127,13 +126,18 @@ async fn open(node: &Node, ws: &mut Ws, loopback: bool) -> Result<Request, Strin
         let proof = secret.prove(AGENT_LABEL, &[&nonce, &theirs]);
         send(ws, &ServerMessage::AuthOk { proof }).await?;
         msg = recv(ws).await?;
+    } else if auth_required {
+        let m =
+            "this agent requires the cluster secret from clients not on loopback; pass --cluster-secret-file";
+        let _ = send(ws, &error(ErrorKind::Unauthorized, m)).await;
+        return Err("a client not on loopback sent no proof of the secret".into());
     }
     match msg {
         ClientMessage::Request(r) => Ok(r),
         ClientMessage::Auth { .. } => {
-            let m = "this agent asked for no authentication; send the request";
+            let m = "this connection is authenticated already; send the request";
             let _ = send(ws, &error(ErrorKind::Invalid, m)).await;
-            Err("an unasked authentication".into())
+            Err("a second authentication".into())
         }
     }
 }

@@ -59,6 +59,6 @@ pub use meta::Metadata;
 pub use replica::{Applied, Change, Instance, InstanceRef, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use value::{
-    validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN, MAX_LEASE_TTL_MS, MAX_META_BYTES,
-    MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
+    is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN,
+    MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
 };

@@ -34,34 +34,31 @@ pub struct Endpoint {
 impl Endpoint {
     /// Validates and makes an endpoint.
     ///
+    /// The host is a DNS host name (letters, digits, hyphens and dots: labels of 1-63 bytes
+    /// that neither start nor end with a hyphen, at most 253 bytes, an optional trailing
+    /// dot, a last label that is not all digits), an IPv4 address (`10.0.0.7`) or an IPv6
+    /// address (`::1`, or `[::1]` in brackets).
+    ///
     /// # Errors
-    /// [`InvalidInput::Endpoint`] when the host is empty, too long, or holds whitespace or
-    /// control characters, or when the port is 0.
+    /// [`InvalidInput::Endpoint`] when the host is none of these, or when the port is 0.
     pub fn new(host: &str, port: u16) -> Result<Self, InvalidInput> {
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let why = if host.is_empty() {
-            Some("the host is empty")
-        } else if host.len() > MAX_HOST_LEN {
-            Some("the host is longer than 253 bytes")
-        } else if host
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
-        {
-            Some("the host holds whitespace, a control character or '/'")
-        } else if port == 0 {
-            Some("the port is 0")
+        let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let host = bracketed.unwrap_or(host);
+        let why = if port == 0 {
+            Err("the port is 0")
+        } else if bracketed.is_some() || host.contains(':') {
+            host.parse::<core::net::Ipv6Addr>()
+                .map(|_| ())
+                .map_err(|_| "the host is not an IPv6 address")
         } else {
-            None
+            validate_host_name(host)
         };
         match why {
-            Some(why) => Err(InvalidInput::Endpoint {
+            Err(why) => Err(InvalidInput::Endpoint {
                 endpoint: truncate_for_display(&format!("{host}:{port}")),
                 why,
             }),
-            None => Ok(Self {
+            Ok(()) => Ok(Self {
                 host: host.into(),
                 port,
             }),
@@ -105,6 +102,42 @@ impl Endpoint {
     }
 }
 
+/// Checks a host that is not an IPv6 address: an IPv4 address or a DNS host name.
+fn validate_host_name(host: &str) -> Result<(), &'static str> {
+    if host.parse::<core::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() {
+        return Err("the host is empty");
+    }
+    if host.len() > MAX_HOST_LEN {
+        return Err("the host is longer than 253 bytes");
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err("the host has an empty label (two dots in a row, or a leading dot)");
+        }
+        if label.len() > 63 {
+            return Err("a label of the host is longer than 63 bytes");
+        }
+        if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err("the host is not a host name (letters, digits, '-' and dots) nor an IP address");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a label of the host starts or ends with '-'");
+        }
+    }
+    if name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err("the host is not a valid IPv4 address, and a host name's last label is not all digits");
+    }
+    Ok(())
+}
+
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.host.contains(':') {
@@ -121,11 +154,24 @@ impl fmt::Debug for Endpoint {
     }
 }
 
+/// Whether `c` prints as itself: not a control character (C0, DEL, C1: newlines, escape
+/// sequences) and not an invisible formatting character that reorders or hides text (bidi
+/// controls, zero-width characters, the byte-order mark). Metadata keys and values hold only
+/// these, so what a terminal shows is what was registered.
+pub fn is_printable(c: char) -> bool {
+    !c.is_control()
+        && !matches!(
+            c,
+            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
 /// Checks metadata against the limits ([`MAX_META_PAIRS`], [`MAX_META_BYTES`],
-/// [`MAX_META_KEY_LEN`]; keys non-empty and free of control characters).
+/// [`MAX_META_KEY_LEN`]; keys non-empty and without '='; keys and values only of
+/// [`is_printable`] characters).
 ///
 /// # Errors
-/// [`InvalidInput::Metadata`] naming the limit that was exceeded.
+/// [`InvalidInput::Metadata`] naming the limit or rule that was broken.
 pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
     let bad = |why: String| Err(InvalidInput::Metadata { why });
     if meta.len() > MAX_META_PAIRS {
@@ -138,15 +184,49 @@ pub fn validate_metadata(meta: &Metadata) -> Result<(), InvalidInput> {
     if bytes > MAX_META_BYTES {
         return bad(format!("{bytes} bytes, more than the {MAX_META_BYTES} allowed"));
     }
-    for k in meta.keys() {
-        if k.is_empty() || k.len() > MAX_META_KEY_LEN || k.chars().any(|c| c.is_control() || c == '=') {
+    for (k, v) in meta.iter() {
+        if k.is_empty() || k.len() > MAX_META_KEY_LEN || k.contains('=') || !k.chars().all(is_printable) {
             return bad(format!(
-                "key {:?} must be 1-{MAX_META_KEY_LEN} bytes without '=' or control characters",
+                "key {:?} must be 1-{MAX_META_KEY_LEN} bytes of printable characters without '='",
+                truncate_for_display(k)
+            ));
+        }
+        if !v.chars().all(is_printable) {
+            return bad(format!(
+                "the value of {:?} holds a control or invisible formatting character (a newline, an escape, ...); use printable characters only",
                 truncate_for_display(k)
             ));
         }
     }
     Ok(())
+}
+
+/// Metadata from pairs given one by one (command-line flags, a client's request), checked:
+/// more than [`MAX_META_PAIRS`] pairs, or a key given twice, is refused rather than
+/// silently collapsed, and the result must pass [`validate_metadata`].
+///
+/// # Errors
+/// [`InvalidInput::Metadata`] naming the rule that was broken.
+pub fn metadata_from_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Result<Metadata, InvalidInput> {
+    if pairs.len() > MAX_META_PAIRS {
+        return Err(InvalidInput::Metadata {
+            why: format!("{} pairs, more than the {MAX_META_PAIRS} allowed", pairs.len()),
+        });
+    }
+    let mut meta = Metadata::new();
+    for (k, v) in pairs {
+        let k = k.as_ref();
+        if meta.insert(k, v.as_ref()).is_some() {
+            return Err(InvalidInput::Metadata {
+                why: format!(
+                    "key {:?} is given twice; give each key once",
+                    truncate_for_display(k)
+                ),
+            });
+        }
+    }
+    validate_metadata(&meta)?;
+    Ok(meta)
 }
 
 /// One provider's registration of one service: the value of a last-writer-wins register.
@@ -242,6 +322,100 @@ mod tests {
         assert_eq!(Endpoint::parse("db.local:5432").unwrap().host(), "db.local");
         for bad in ["nohost", "::1:53", "a:0", "a:70000", ":80", "a b:80", "a:-1"] {
             assert!(Endpoint::parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn hosts_must_be_host_names_or_ip_literals() {
+        for good in [
+            "localhost:80",
+            "db.local:5432",
+            "db.local.:5432",
+            "a-1.B-2.example:1",
+            "xn--bcher-kva.example:443",
+            "10.0.0.7:8080",
+            "255.255.255.255:1",
+            "[::1]:53",
+            "[fe80::1:2]:53",
+            "[::ffff:10.0.0.1]:80",
+            "svc1.internal:9",
+        ] {
+            let e = Endpoint::parse(good).unwrap_or_else(|e| panic!("{good} should be accepted: {e}"));
+            assert_eq!(Endpoint::parse(&e.to_string()).unwrap(), e, "{good} round-trips");
+        }
+        let long_label = format!("{}.example:80", "a".repeat(64));
+        let long_name = format!("{}a:80", "abcdefgh.".repeat(29));
+        for bad in [
+            "`$(id)`;rm:80",
+            "$(id):80",
+            "a;b:80",
+            "a_b:80",
+            "a/b:80",
+            "a\u{1b}[2J:80",
+            "h\u{e9}te.example:80",
+            "-a.example:80",
+            "a-.example:80",
+            "a..example:80",
+            ".a.example:80",
+            ".:80",
+            "10.0.0.256:80",
+            "1.2.3:80",
+            "010.0.0.1:80",
+            "1234:80",
+            "[10.0.0.1]:80",
+            "[::g]:80",
+            "[a.example]:80",
+            &long_label,
+            &long_name,
+        ] {
+            let e = Endpoint::parse(bad).expect_err(bad);
+            assert!(e.to_string().starts_with("invalid address"), "{bad}: {e}");
+        }
+        // What a peer sends goes through the same rules.
+        let forged: Endpoint =
+            postcard::from_bytes(&postcard::to_stdvec(&("$(id)", 80u16)).unwrap()).unwrap();
+        assert!(forged.validate().is_err());
+        assert!(
+            Endpoint::new("::1", 53).is_ok(),
+            "a stored IPv6 host has no brackets"
+        );
+    }
+
+    #[test]
+    fn metadata_from_pairs_refuses_a_key_given_twice_and_too_many_pairs() {
+        let m = metadata_from_pairs(&[("zone", "a"), ("rack", "7")]).unwrap();
+        assert_eq!((m.get("zone"), m.len()), (Some("a"), 2));
+        let e = metadata_from_pairs(&[("zone", "a"), ("rack", "7"), ("zone", "b")]).unwrap_err();
+        assert!(e.to_string().contains("\"zone\" is given twice"), "{e}");
+        let many: Vec<(String, String)> = (0..10_000).map(|_| ("k".to_string(), "v".to_string())).collect();
+        let e = metadata_from_pairs(&many).unwrap_err();
+        assert!(e.to_string().contains("10000 pairs"), "{e}");
+        let e = metadata_from_pairs(&[("k", "v\n")]).unwrap_err();
+        assert!(e.to_string().contains("printable"), "{e}");
+    }
+
+    #[test]
+    fn metadata_keys_and_values_hold_printable_characters_only() {
+        let ok: Metadata = [("zone", "eu-1a \u{e9}t\u{e9} \u{1f600}"), ("note", "a=b, c;d")].into();
+        validate_metadata(&ok).unwrap();
+        for (k, v) in [
+            ("zone", "a\n\u{1b}[31mdown  web  web-1"),
+            ("zone", "a\rb"),
+            ("zone", "\u{7f}"),
+            ("zone", "\u{9b}31m"),
+            ("zone", "\u{202e}evil"),
+            ("zone", "zero\u{200b}width"),
+            ("zo\nne", "a"),
+            ("zo\u{1b}ne", "a"),
+            ("\u{feff}zone", "a"),
+        ] {
+            let m: Metadata = [(k, v)].into();
+            let e = validate_metadata(&m).expect_err(&format!("{k:?}={v:?}"));
+            assert!(e.to_string().contains("printable"), "{e}");
+            assert!(
+                !e.to_string().contains('\n') && !e.to_string().contains('\u{1b}'),
+                "{e}"
+            );
         }
     }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use roster::api::{EventView, Request, ServerMessage};
+use roster::api::{ClientMessage, EventView, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::transport::handshake::Secret;
 use roster::{Event, Node, Service};
@@ -252,4 +252,116 @@ async fn a_watch_ends_when_its_node_shuts_down_and_a_sync_without_peers_is_not_t
     a.shutdown().await.unwrap();
     let end = tokio::time::timeout(Duration::from_secs(5), w.next()).await;
     assert!(matches!(end, Ok(None)), "the watch ends: {end:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_not_hosts() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .serve_clients(true)
+        .start()
+        .await
+        .unwrap();
+    let mut c = Client::connect(a.url(), None).await.unwrap();
+    let register = |address: &str, meta: Vec<(&str, &str)>, ttl_ms: Option<u64>| Request::Register {
+        service: "web".into(),
+        address: address.into(),
+        meta: meta
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        instance: Some("web-1".into()),
+        ttl_ms,
+    };
+    for (req, needle) in [
+        (
+            register("10.0.0.1:80", vec![("zone", "a"), ("zone", "b")], None),
+            "given twice",
+        ),
+        (register("10.0.0.1:80", vec![("zone", "a\nb")], None), "printable"),
+        (
+            register("10.0.0.1:80", vec![], Some(24 * 3600 * 1000 + 1)),
+            "at most 24h",
+        ),
+        (register("`$(id)`;rm:80", vec![], None), "invalid address"),
+    ] {
+        match c.request(req).await.unwrap() {
+            ServerMessage::Error { kind, message, .. } => {
+                assert_eq!(kind, roster::api::ErrorKind::Invalid, "{message}");
+                assert!(message.contains(needle), "{message:?} does not say {needle:?}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        c.request(Request::Services).await.unwrap(),
+        ServerMessage::Services(vec![])
+    );
+    // The embedded API refuses the same.
+    let twice = a
+        .register(Service::new("web", "10.0.0.1:80").meta("k", "1").meta("k", "2"))
+        .await;
+    assert!(matches!(twice, Err(roster::Error::Invalid(_))), "{twice:?}");
+    let long = a
+        .register(Service::new("web", "10.0.0.1:80").ttl(Duration::from_secs(25 * 3600)))
+        .await;
+    assert!(matches!(long, Err(roster::Error::Invalid(_))), "{long:?}");
+    assert!(a.lookup("web").is_empty());
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_prove_the_secret_gets_no_proof_from_the_agent() {
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .cluster_secret(SECRET)
+        .serve_clients(true)
+        .require_client_auth(true)
+        .start()
+        .await
+        .unwrap();
+    let wrong = Secret::new(b"a guessed secret of enough bytes".to_vec()).unwrap();
+    for attempt in ["no proof", "a wrong proof"] {
+        let req = ClientRequestBuilder::new(a.url().parse().unwrap())
+            .with_sub_protocol(roster::transport::driver::CLIENT_SUBPROTOCOL);
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let Some(Ok(WsMessage::Binary(hello))) = ws.next().await else {
+            panic!("no hello")
+        };
+        let ServerMessage::Hello(hello) = roster::api::decode(&hello).unwrap() else {
+            panic!("not a hello")
+        };
+        let msg = if attempt == "no proof" {
+            ClientMessage::Request(Request::Services)
+        } else {
+            let nonce = [5; roster::api::NONCE_LEN];
+            let proof = wrong.prove(roster::api::CLIENT_LABEL, &[&hello.nonce, &nonce]);
+            ClientMessage::Auth { nonce, proof }
+        };
+        ws.send(WsMessage::binary(roster::api::encode(&msg)))
+            .await
+            .unwrap();
+        // Everything the agent sends until it closes: an error, never its proof.
+        let mut answers = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let WsMessage::Binary(b) = m {
+                    answers.push(roster::api::decode::<ServerMessage>(&b).unwrap());
+                }
+            }
+        })
+        .await
+        .expect("the agent closes within 5 s");
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [ServerMessage::Error {
+                    kind: roster::api::ErrorKind::Unauthorized,
+                    ..
+                }]
+            ),
+            "{attempt}: {answers:?}"
+        );
+    }
+    a.shutdown().await.unwrap();
 }

@@ -210,16 +210,17 @@ async fn a_node_without_a_secret_may_not_listen_beyond_loopback() {
 async fn a_node_with_a_wrong_secret_is_refused_and_does_not_join() {
     let a = start(1, config("a", Some(SECRET)), &[]).await;
     let b = start(2, config("b", Some("a different secret, also long")), &[&a]).await;
-    // B checks A's proof with its own secret and refuses; A hears the refusal.
+    // A, the listener, checks B's proof with its own secret and refuses (it proves nothing
+    // to B); B hears the refusal.
     eventually("the refusal to be counted on both sides", || {
         let (a, b) = (a.counters().driver, b.counters().driver);
-        b.handshakes_refused >= 1 && b.dial_failures >= 1 && a.handshakes_rejected >= 1
+        a.handshakes_refused >= 1 && b.dial_failures >= 1 && b.handshakes_rejected >= 1
     })
     .await;
     // A node with no secret at all is refused too.
     let c = start(3, config("c", None), &[&a]).await;
     eventually("the refusal of a node without a secret", || {
-        c.counters().driver.handshakes_refused >= 1 && a.counters().driver.handshakes_rejected >= 2
+        c.counters().driver.handshakes_rejected >= 1 && a.counters().driver.handshakes_refused >= 2
     })
     .await;
     assert!(a.connected().is_empty() && b.connected().is_empty() && c.connected().is_empty());
@@ -265,7 +266,7 @@ pub(crate) async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpSt
         secret: Some(Secret::new(SECRET).unwrap()),
         max_skew_ms: 5_000,
     };
-    let (client, hello) = handshake::Client::start(&cfg, [7; handshake::NONCE_LEN], now_ms());
+    let (mut client, hello) = handshake::Client::start(&cfg, [7; handshake::NONCE_LEN], now_ms());
     ws.send(WsMessage::binary(hello.encode())).await.unwrap();
     let challenge = HandshakeMessage::decode(&next_binary(&mut ws).await).unwrap();
     let (_, proof) = client.on_challenge(challenge, now_ms()).unwrap();
@@ -273,6 +274,57 @@ pub(crate) async fn authenticated_client(node: &Handle) -> WebSocketStream<TcpSt
     let outcome = HandshakeMessage::decode(&next_binary(&mut ws).await).unwrap();
     client.on_outcome(outcome).unwrap();
     ws
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialer_that_does_not_prove_the_secret_gets_no_proof_from_a_node() {
+    let a = start(1, config("a", Some(SECRET)), &[]).await;
+    // Dialers without the secret: one sends no proof, one a proof under a guessed secret.
+    for guess in [None, Some("a guessed secret of enough bytes")] {
+        let mut ws = raw_client(&a).await;
+        let cfg = HandshakeConfig {
+            cluster: CLUSTER.into(),
+            node: NodeInfo {
+                id: ReplicaId(0xbad),
+                name: "raw".into(),
+                url: "ws://127.0.0.1:9".into(),
+            },
+            secret: guess.map(|g| Secret::new(g).unwrap()),
+            max_skew_ms: 5_000,
+        };
+        let (mut client, hello) = handshake::Client::start(&cfg, [7; handshake::NONCE_LEN], now_ms());
+        ws.send(WsMessage::binary(hello.encode())).await.unwrap();
+        let challenge = HandshakeMessage::decode(&next_binary(&mut ws).await).unwrap();
+        let (_, proof) = client.on_challenge(challenge, now_ms()).unwrap();
+        ws.send(WsMessage::binary(proof.encode())).await.unwrap();
+        // Everything the node sends until it closes: a refusal, never its welcome (the one
+        // frame that carries its proof; the node would not close after one).
+        let mut frames = Vec::new();
+        within("the node to refuse and close", async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let WsMessage::Binary(b) = m {
+                    let frame = HandshakeMessage::decode(&b);
+                    let welcomed = matches!(frame, Ok(HandshakeMessage::Welcome { .. }));
+                    frames.push(frame);
+                    if welcomed {
+                        break;
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(
+                frames.as_slice(),
+                [Ok(HandshakeMessage::Refused {
+                    kind: handshake::RefusalKind::Secret,
+                    ..
+                })]
+            ),
+            "{frames:?}"
+        );
+    }
+    shutdown_all(&[&a]).await;
 }
 
 pub(crate) async fn next_binary(ws: &mut WebSocketStream<TcpStream>) -> Vec<u8> {

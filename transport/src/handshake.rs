@@ -5,14 +5,15 @@
 //! The exchange, over the first WebSocket binary messages of a connection:
 //!
 //! ```text
-//! client                                       server
+//! client (dialer)                                server (listener)
 //!   Hello(cluster, id, name, url, nonce_c, clock)  ->
 //!                                               checks version, cluster, clock skew
-//!   <-  Challenge(Hello(.., nonce_s, clock), proof_s)
-//! checks version, cluster, skew, proof_s
+//!   <-  Challenge(Hello(.., nonce_s, clock))
+//! checks version, cluster, skew
 //!   Proof(proof_c)                               ->
 //!                                               checks proof_c
-//!   <-  Welcome                                  (or Refused at any step, with the reason)
+//!   <-  Welcome(proof_s)                         (or Refused at any step, with the reason)
+//! checks proof_s
 //! ```
 //!
 //! A proof is HMAC-SHA256, keyed by the secret, over the protocol version, a role label
@@ -20,6 +21,12 @@
 //! cluster, the URLs and the clocks). Each side's fresh nonce makes a proof useless on any
 //! other connection, the role label keeps a server's proof from being reflected back as a
 //! client's, and covering the whole hellos means nothing in them can be altered on the way.
+//!
+//! The listener proves the secret only after the dialer has: a listener is reachable by
+//! anyone, and a proof it sent first would let anyone collect proofs over nonces of their
+//! choosing and guess the secret offline. The dialer's proof can still be collected by an
+//! impostor it was made to dial (a wrong `--join`, a hijacked address), so secrets must be
+//! high-entropy (32 random bytes) rather than passphrases.
 //!
 //! Every frame starts with the protocol version ([`PROTOCOL_VERSION`]) before anything else,
 //! so a node can name a version mismatch even when the rest of the layout changed.
@@ -175,20 +182,23 @@ impl RefusalKind {
 pub enum HandshakeMessage {
     /// The client opens.
     Hello(Hello),
-    /// The server answers with its own hello and its proof (`None` without a secret).
+    /// The server answers with its own hello (no proof yet: it proves the secret only to a
+    /// client that proved it first).
     Challenge {
         /// The server's hello.
         hello: Hello,
-        /// The server's proof of the secret.
-        proof: Option<[u8; PROOF_LEN]>,
     },
     /// The client proves it knows the secret (`None` without a secret).
     Proof {
         /// The client's proof.
         proof: Option<[u8; PROOF_LEN]>,
     },
-    /// The server accepts: protocol messages follow.
-    Welcome,
+    /// The server accepted the client's proof and proves the secret in turn (`None`
+    /// without a secret); protocol messages follow once the client has checked it.
+    Welcome {
+        /// The server's proof of the secret.
+        proof: Option<[u8; PROOF_LEN]>,
+    },
     /// Either side refuses; the connection closes.
     Refused {
         /// What about.
@@ -335,7 +345,7 @@ impl HandshakeMessage {
         let err = match &msg {
             Self::Hello(h) | Self::Challenge { hello: h, .. } => check(h),
             Self::Refused { reason, .. } => too_long("reason", reason.len(), MAX_REASON_LEN),
-            Self::Proof { .. } | Self::Welcome => None,
+            Self::Proof { .. } | Self::Welcome { .. } => None,
         };
         match err {
             Some(e) => Err(e),
@@ -348,7 +358,7 @@ impl HandshakeMessage {
             Self::Hello(_) => "hello",
             Self::Challenge { .. } => "challenge",
             Self::Proof { .. } => "proof",
-            Self::Welcome => "welcome",
+            Self::Welcome { .. } => "welcome",
             Self::Refused { .. } => "refusal",
         }
     }
@@ -454,6 +464,7 @@ fn peer_info(h: &Hello) -> NodeInfo {
 pub struct Client<'a> {
     cfg: &'a HandshakeConfig,
     hello: Hello,
+    server: Option<Hello>,
 }
 
 impl<'a> Client<'a> {
@@ -464,39 +475,52 @@ impl<'a> Client<'a> {
             Self {
                 cfg,
                 hello: hello.clone(),
+                server: None,
             },
             HandshakeMessage::Hello(hello),
         )
     }
 
-    /// Checks the server's challenge: version (already, by decoding), cluster, clock and
-    /// proof. Returns who the server is and the proof to send.
+    /// Checks the server's challenge: version (already, by decoding), cluster and clock.
+    /// Returns who the server says it is (not yet proven: [`Client::on_outcome`] checks its
+    /// proof) and the proof to send.
     ///
     /// # Errors
     /// [`HandshakeError`] when the server is refused or refused us; send its
     /// [`HandshakeError::to_refusal`] and close.
     pub fn on_challenge(
-        &self,
+        &mut self,
         msg: HandshakeMessage,
         now_ms: u64,
     ) -> Result<(NodeInfo, HandshakeMessage), HandshakeError> {
-        let HandshakeMessage::Challenge { hello, proof } = msg else {
+        if self.server.is_some() {
+            return Err(malformed("a second challenge"));
+        }
+        let HandshakeMessage::Challenge { hello } = msg else {
             return Err(unexpected(msg, "challenge"));
         };
         self.cfg.check_peer(&hello, now_ms)?;
-        self.cfg.verify(SERVER, &self.hello, &hello, proof.as_ref())?;
         let proof = self.cfg.prove(CLIENT, &self.hello, &hello);
-        Ok((peer_info(&hello), HandshakeMessage::Proof { proof }))
+        let info = peer_info(&hello);
+        self.server = Some(hello);
+        Ok((info, HandshakeMessage::Proof { proof }))
     }
 
-    /// Checks the server's last word.
+    /// Checks the server's last word: a welcome carrying its proof of the secret.
     ///
     /// # Errors
-    /// [`HandshakeError::Refused`] when the server refused our proof, or
-    /// [`HandshakeError::Malformed`] for anything but a welcome.
+    /// [`HandshakeError::Refused`] when the server refused our proof,
+    /// [`HandshakeError::BadProof`] / [`HandshakeError::MissingProof`] /
+    /// [`HandshakeError::UnexpectedProof`] when its proof does not match our secret, or
+    /// [`HandshakeError::Malformed`] for anything but a welcome after a challenge.
     pub fn on_outcome(&self, msg: HandshakeMessage) -> Result<(), HandshakeError> {
+        let Some(server) = &self.server else {
+            return Err(malformed("an outcome before the challenge"));
+        };
         match msg {
-            HandshakeMessage::Welcome => Ok(()),
+            HandshakeMessage::Welcome { proof } => {
+                self.cfg.verify(SERVER, &self.hello, server, proof.as_ref())
+            }
             other => Err(unexpected(other, "welcome")),
         }
     }
@@ -538,18 +562,17 @@ impl<'a> Server<'a> {
         };
         self.cfg.check_peer(&client, now_ms)?;
         let ours = self.cfg.hello(self.nonce, now_ms);
-        let proof = self.cfg.prove(SERVER, &client, &ours);
         self.hellos = Some((client, ours.clone()));
-        Ok(HandshakeMessage::Challenge { hello: ours, proof })
+        Ok(HandshakeMessage::Challenge { hello: ours })
     }
 
-    /// Checks the client's proof. Returns who the client is; send
-    /// [`HandshakeMessage::Welcome`].
+    /// Checks the client's proof. Returns who the client is and the welcome to send, which
+    /// carries this node's proof: made only now that the client has proved the secret.
     ///
     /// # Errors
     /// [`HandshakeError`] when the proof is wrong or missing; send its
     /// [`HandshakeError::to_refusal`] and close.
-    pub fn on_proof(&self, msg: HandshakeMessage) -> Result<NodeInfo, HandshakeError> {
+    pub fn on_proof(&self, msg: HandshakeMessage) -> Result<(NodeInfo, HandshakeMessage), HandshakeError> {
         let Some((client, ours)) = &self.hellos else {
             return Err(malformed("a proof before the hello"));
         };
@@ -557,7 +580,8 @@ impl<'a> Server<'a> {
             return Err(unexpected(msg, "proof"));
         };
         self.cfg.verify(CLIENT, client, ours, proof.as_ref())?;
-        Ok(peer_info(client))
+        let proof = self.cfg.prove(SERVER, client, ours);
+        Ok((peer_info(client), HandshakeMessage::Welcome { proof }))
     }
 }
 
@@ -590,7 +614,7 @@ mod tests {
         server_now: u64,
     ) -> (Result<NodeInfo, HandshakeError>, Result<NodeInfo, HandshakeError>) {
         let wire = |m: &HandshakeMessage| HandshakeMessage::decode(&m.encode()).unwrap();
-        let (c, hello) = Client::start(client, [1; NONCE_LEN], client_now);
+        let (mut c, hello) = Client::start(client, [1; NONCE_LEN], client_now);
         let mut s = Server::new(server, [2; NONCE_LEN]);
         let challenge = match s.on_hello(wire(&hello), server_now) {
             Ok(m) => m,
@@ -610,10 +634,10 @@ mod tests {
             }
         };
         match s.on_proof(wire(&proof)) {
-            Ok(client_info) => {
-                c.on_outcome(wire(&HandshakeMessage::Welcome)).unwrap();
-                (Ok(server_info), Ok(client_info))
-            }
+            Ok((client_info, welcome)) => match c.on_outcome(wire(&welcome)) {
+                Ok(()) => (Ok(server_info), Ok(client_info)),
+                Err(e) => (Err(e), Ok(client_info)),
+            },
             Err(e) => {
                 let refusal = e.to_refusal().unwrap();
                 (Err(c.on_outcome(wire(&refusal)).unwrap_err()), Err(e))
@@ -644,64 +668,111 @@ mod tests {
             cfg(1, "prod", Some(SECRET)),
             cfg(2, "prod", Some("another secret entirely")),
         );
+        // The listener checks the dialer's proof first, so it is the one to find it wrong.
         let (c, s) = run(&a, &b, NOW, NOW);
-        let c = c.unwrap_err();
-        assert_eq!(c, HandshakeError::BadProof);
-        assert_eq!(c.failure(), Failure::Auth);
         let s = s.unwrap_err();
+        assert_eq!(s, HandshakeError::BadProof);
+        assert_eq!(s.failure(), Failure::Auth);
+        let c = c.unwrap_err();
         assert!(
             matches!(
-                s,
+                c,
                 HandshakeError::Refused {
                     kind: RefusalKind::Secret,
                     ..
                 }
             ),
-            "{s}"
+            "{c}"
         );
-        assert_eq!(s.failure(), Failure::Auth);
-        assert!(s.to_string().contains("wrong cluster secret"), "{s}");
+        assert_eq!(c.failure(), Failure::Auth);
+        assert!(c.to_string().contains("wrong cluster secret"), "{c}");
     }
 
     #[test]
     fn a_secret_on_one_side_only_is_refused_by_name() {
         let (with, without) = (cfg(1, "prod", Some(SECRET)), cfg(2, "prod", None));
-        let (c, _) = run(&without, &with, NOW, NOW);
-        assert_eq!(c.unwrap_err(), HandshakeError::UnexpectedProof);
-        let (_, s) = run(&without, &with, NOW, NOW);
+        let (c, s) = run(&without, &with, NOW, NOW);
+        assert_eq!(s.unwrap_err(), HandshakeError::MissingProof);
         assert!(matches!(
-            s.unwrap_err(),
+            c.unwrap_err(),
             HandshakeError::Refused {
                 kind: RefusalKind::Secret,
                 ..
             }
         ));
         let (c, s) = run(&with, &without, NOW, NOW);
-        assert_eq!(c.unwrap_err(), HandshakeError::MissingProof);
-        assert_eq!(s.unwrap_err().kind(), RefusalKind::Secret);
+        assert_eq!(s.unwrap_err(), HandshakeError::UnexpectedProof);
+        assert_eq!(c.unwrap_err().kind(), RefusalKind::Secret);
     }
 
     #[test]
     fn a_forged_or_reflected_proof_is_refused() {
         let (a, b) = (cfg(1, "prod", Some(SECRET)), cfg(2, "prod", Some(SECRET)));
-        let (_, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
+        let (mut c, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
         let mut s = Server::new(&b, [2; NONCE_LEN]);
-        let HandshakeMessage::Challenge { proof, .. } = s.on_hello(hello, NOW).unwrap() else {
+        let challenge = s.on_hello(hello, NOW).unwrap();
+        let (_, proof) = c.on_challenge(challenge, NOW).unwrap();
+        let HandshakeMessage::Proof { proof: client_proof } = proof else {
             unreachable!()
         };
-        // The server's own proof sent back as the client's.
-        assert_eq!(
-            s.on_proof(HandshakeMessage::Proof { proof }),
-            Err(HandshakeError::BadProof)
-        );
+        // To the listener: forged and missing proofs.
         let forged = HandshakeMessage::Proof {
             proof: Some([0; PROOF_LEN]),
         };
-        assert_eq!(s.on_proof(forged), Err(HandshakeError::BadProof));
+        assert_eq!(s.on_proof(forged).unwrap_err(), HandshakeError::BadProof);
         assert_eq!(
-            s.on_proof(HandshakeMessage::Proof { proof: None }),
-            Err(HandshakeError::MissingProof)
+            s.on_proof(HandshakeMessage::Proof { proof: None }).unwrap_err(),
+            HandshakeError::MissingProof
         );
+        // To the dialer: its own proof reflected back as the listener's, a forged one, none.
+        for (proof, e) in [
+            (client_proof, HandshakeError::BadProof),
+            (Some([0; PROOF_LEN]), HandshakeError::BadProof),
+            (None, HandshakeError::MissingProof),
+        ] {
+            assert_eq!(c.on_outcome(HandshakeMessage::Welcome { proof }), Err(e));
+        }
+        // The real one passes.
+        let (_, welcome) = s
+            .on_proof(HandshakeMessage::Proof { proof: client_proof })
+            .unwrap();
+        assert_eq!(c.on_outcome(welcome), Ok(()));
+    }
+
+    #[test]
+    fn a_listener_proves_the_secret_only_to_a_dialer_that_proved_it_first() {
+        let (a, b) = (cfg(1, "prod", Some(SECRET)), cfg(2, "prod", Some(SECRET)));
+        // A dialer without the secret (an attacker collecting proofs to guess it offline).
+        let (_, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
+        let HandshakeMessage::Hello(dialer_hello) = hello.clone() else {
+            unreachable!()
+        };
+        let mut s = Server::new(&b, [2; NONCE_LEN]);
+        let challenge = s.on_hello(hello, NOW).unwrap();
+        let HandshakeMessage::Challenge {
+            hello: listener_hello,
+            ..
+        } = challenge.clone()
+        else {
+            unreachable!()
+        };
+        let listener_proof = b.prove(SERVER, &dialer_hello, &listener_hello).unwrap();
+        let mut sent = vec![challenge.encode()];
+        for attempt in [
+            HandshakeMessage::Proof { proof: None },
+            HandshakeMessage::Proof {
+                proof: Some([7; PROOF_LEN]),
+            },
+        ] {
+            let refusal = s.on_proof(attempt).unwrap_err().to_refusal().unwrap();
+            sent.push(refusal.encode());
+        }
+        for frame in &sent {
+            assert!(
+                !frame.windows(PROOF_LEN).any(|w| w == listener_proof),
+                "the listener sent its proof to a dialer that proved nothing: {frame:?}"
+            );
+        }
     }
 
     #[test]
@@ -779,10 +850,14 @@ mod tests {
         ));
         let mut s = Server::new(&a, [2; NONCE_LEN]);
         assert!(matches!(
-            s.on_hello(HandshakeMessage::Welcome, NOW),
+            s.on_hello(HandshakeMessage::Welcome { proof: None }, NOW),
             Err(HandshakeError::Malformed(_))
         ));
-        let (c, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
+        let (mut c, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
+        assert!(matches!(
+            c.on_outcome(HandshakeMessage::Welcome { proof: None }),
+            Err(HandshakeError::Malformed(_))
+        ));
         assert!(matches!(
             c.on_challenge(hello, NOW),
             Err(HandshakeError::Malformed(_))
@@ -799,7 +874,7 @@ mod tests {
         ] {
             assert!(HandshakeMessage::decode(garbage).is_err());
         }
-        let mut bytes = HandshakeMessage::Welcome.encode();
+        let mut bytes = HandshakeMessage::Welcome { proof: None }.encode();
         bytes.push(0);
         assert!(matches!(
             HandshakeMessage::decode(&bytes),

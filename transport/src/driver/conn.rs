@@ -545,8 +545,8 @@ where
     let challenge = server.on_hello(hello, now_ms()).map_err(Fail::Handshake)?;
     send_frame(ws, &challenge).await?;
     let proof = recv_frame(ws).await?;
-    let peer = server.on_proof(proof).map_err(Fail::Handshake)?;
-    send_frame(ws, &HandshakeMessage::Welcome).await?;
+    let (peer, welcome) = server.on_proof(proof).map_err(Fail::Handshake)?;
+    send_frame(ws, &welcome).await?;
     Ok(peer)
 }
 
@@ -558,7 +558,7 @@ async fn client_handshake<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (client, hello) = handshake::Client::start(&shared.handshake, nonce()?, now_ms());
+    let (mut client, hello) = handshake::Client::start(&shared.handshake, nonce()?, now_ms());
     send_frame(ws, &hello).await?;
     let challenge = recv_frame(ws).await?;
     let (peer, proof) = client
