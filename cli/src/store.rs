@@ -16,6 +16,8 @@ use roster_registry::{
 };
 use serde::{Deserialize, Serialize};
 
+mod disk;
+
 /// The file in the data directory.
 pub const STORE_FILE: &str = "roster.redb";
 /// The layout of the tables; a data directory of another layout is refused.
@@ -111,14 +113,26 @@ pub enum StoreError {
         /// The database file.
         path: PathBuf,
     },
-    /// The file is not a roster database, or is damaged.
+    /// The file is not a roster database, or is damaged (an empty file included).
     #[error(
-        "{path} is corrupt ({why}); move it aside to start this node afresh (it will resync from its peers)"
+        "{path} is corrupt ({why}); move it aside to start afresh as a new node (it resyncs the \
+         registry from its peers; what this node registered is not restored)"
     )]
     Corrupt {
         /// The database file.
         path: PathBuf,
         /// What was wrong.
+        why: String,
+    },
+    /// The file is there but cannot be opened (permissions, a failing disk).
+    #[error(
+        "cannot open {path} ({why}); fix its permissions or its disk, or move it aside to start \
+         afresh as a new node (what this node registered is not restored)"
+    )]
+    Unreadable {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
         why: String,
     },
     /// The file was written by an incompatible version.
@@ -171,23 +185,51 @@ pub struct Store {
 
 impl Store {
     /// Opens (or creates) the store in `dir`, records this launch at `now_ms`, and
-    /// reserves the counters this process may mint. A new store gets the replica id
-    /// `new_id`.
+    /// reserves the counters this process may mint. Only when there is no `roster.redb`
+    /// is a new store made, with the replica id `new_id`; an empty, unreadable or damaged
+    /// one is refused.
     ///
     /// # Errors
     /// [`StoreError`], naming the file and the way out.
     pub fn open(dir: &Path, new_id: ReplicaId, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+        disk::prepare_dir(dir)?;
         let path = dir.join(STORE_FILE);
-        let db = redb::Builder::new()
-            .set_check_integrity_on_open(true)
-            .create(&path)
-            .map_err(|e| open_error(&path, e))?;
+        if let Some(db) = disk::open_existing(&path)? {
+            return Self::resume(db, path, now_ms);
+        }
+        // Only a missing file makes a new node; the new store gets its name once its
+        // identity is committed.
+        let (db, temp) = disk::create_temporary(dir)?;
+        let mut store = Self {
+            db,
+            path: temp.clone(),
+        };
+        let loaded = match store.load(Some(new_id), now_ms) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                drop(store);
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
+        if disk::publish(&temp, &path)? {
+            store.path = path;
+            return Ok((store, loaded));
+        }
+        // Another process made the store first: open that one (it is likely still in use).
+        drop(store);
+        match disk::open_existing(&path)? {
+            Some(db) => Self::resume(db, path, now_ms),
+            None => Err(StoreError::Io {
+                path,
+                why: "the file vanished while it was being made".to_string(),
+            }),
+        }
+    }
+
+    fn resume(db: Database, path: PathBuf, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
         let store = Self { db, path };
-        let loaded = store.load(new_id, now_ms)?;
+        let loaded = store.load(None, now_ms)?;
         Ok((store, loaded))
     }
 
@@ -210,7 +252,8 @@ impl Store {
         }
     }
 
-    fn load(&self, new_id: ReplicaId, now_ms: u64) -> Result<Loaded, StoreError> {
+    /// Reads what the node resumes from; `new_id` is `Some` only for a store just made.
+    fn load(&self, new_id: Option<ReplicaId>, now_ms: u64) -> Result<Loaded, StoreError> {
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         let loaded = {
             let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
@@ -226,18 +269,21 @@ impl Store {
                     }
                 }
             };
-            let fresh = meta.get(K_FORMAT).map_err(|e| self.io(e))?.is_none();
-            if fresh {
+            let fresh = new_id.is_some();
+            if let Some(new_id) = new_id {
                 meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
                 meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
             } else {
                 let format = meta.get(K_FORMAT).map_err(|e| self.io(e))?;
-                let found = format
-                    .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-                    .map(u32::from_le_bytes)
-                    .ok_or_else(|| self.corrupt("the format record is damaged"))?;
+                let found = match format {
+                    None => return Err(self.corrupt("it holds no roster identity")),
+                    Some(v) => <[u8; 4]>::try_from(v.value())
+                        .ok()
+                        .map(u32::from_le_bytes)
+                        .ok_or_else(|| self.corrupt("the format record is damaged"))?,
+                };
                 if found != STORE_FORMAT {
                     return Err(StoreError::Incompatible {
                         path: self.path.clone(),
@@ -470,7 +516,7 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
             path: path.to_path_buf(),
             why,
         },
-        other => StoreError::Io {
+        other => StoreError::Unreadable {
             path: path.to_path_buf(),
             why: other.to_string(),
         },
@@ -512,6 +558,75 @@ mod tests {
             msg.contains("roster.redb") && msg.contains("move the file aside"),
             "{msg}"
         );
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_empty_store_file_is_refused_and_never_becomes_a_new_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STORE_FILE);
+        std::fs::write(&path, b"").unwrap();
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains("empty")
+                && msg.contains("move it aside")
+                && msg.contains("new node")
+                && !msg.contains('\n'),
+            "{msg}"
+        );
+        // Nothing changed: still empty, and no other file left behind.
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(entries(dir.path()), vec![STORE_FILE.to_string()]);
+    }
+
+    #[test]
+    fn a_store_file_that_cannot_be_opened_is_refused_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: no open for writing succeeds, even as root.
+        std::fs::create_dir(dir.path().join(STORE_FILE)).unwrap();
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(matches!(e, StoreError::Unreadable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(STORE_FILE) && msg.contains("move it aside") && msg.contains("new node"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_database_without_a_roster_identity_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STORE_FILE);
+        drop(Database::create(&path).unwrap());
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Corrupt { why, .. } if why.contains("no roster identity")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_new_store_appears_under_its_name_only_when_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, loaded) = Store::open(dir.path(), ReplicaId(5), 1_000).unwrap();
+        assert!(loaded.fresh);
+        assert_eq!(store.path(), dir.path().join(STORE_FILE));
+        assert_eq!(entries(dir.path()), vec![STORE_FILE.to_string()]);
+        drop(store);
+        let (_, again) = Store::open(dir.path(), ReplicaId(6), 2_000).unwrap();
+        assert!(!again.fresh);
+        assert_eq!(again.replica.id(), ReplicaId(5));
     }
 
     #[test]

@@ -985,6 +985,54 @@ fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
     );
 }
 
+/// Runs `roster agent` on `dir`, which should refuse to start: its output, or `None` when
+/// it was still running after `limit` (then it is killed by its pid).
+fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env_remove("ROSTER_AGENT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn an_empty_store_file_is_refused_at_start_and_never_becomes_a_new_node() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("roster.redb");
+    std::fs::write(&file, b"").unwrap();
+    let out = agent_refusal(&dir, Duration::from_secs(10))
+        .expect("the agent started on an empty roster.redb as a new node instead of refusing it");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&file.display().to_string())
+            && err.contains("empty")
+            && err.contains("move it aside")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        0,
+        "the file was left as it was"
+    );
+}
+
 #[test]
 fn status_members_explain_and_sync_answer_in_json() {
     let root = tempfile::tempdir().unwrap();
