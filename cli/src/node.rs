@@ -489,6 +489,9 @@ impl NodeBuilder {
                 let (store, loaded) = tokio::task::spawn_blocking(move || Store::open(&dir, new_id, now))
                     .await
                     .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                for note in &loaded.warnings {
+                    warn!("{note}");
+                }
                 let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
                     .owned
                     .into_iter()

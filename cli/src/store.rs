@@ -174,6 +174,9 @@ pub struct Loaded {
     /// What the previous process knew of its peers (encoded by [`Store::save_memory`]'s
     /// caller); empty when none was saved.
     pub memory: Vec<u8>,
+    /// What the node should tell its operator about the data directory (a directory
+    /// others can read, a file whose permissions were tightened).
+    pub warnings: Vec<String>,
 }
 
 /// The open data directory.
@@ -192,10 +195,13 @@ impl Store {
     /// # Errors
     /// [`StoreError`], naming the file and the way out.
     pub fn open(dir: &Path, new_id: ReplicaId, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
-        disk::prepare_dir(dir)?;
+        let mut notes: Vec<String> = disk::prepare_dir(dir)?.into_iter().collect();
         let path = dir.join(STORE_FILE);
         if let Some(db) = disk::open_existing(&path)? {
-            return Self::resume(db, path, now_ms);
+            notes.extend(disk::tighten_file(&path));
+            let (store, mut loaded) = Self::resume(db, path, now_ms)?;
+            loaded.warnings = notes;
+            return Ok((store, loaded));
         }
         // Only a missing file makes a new node; the new store gets its name once its
         // identity is committed.
@@ -214,7 +220,13 @@ impl Store {
         };
         if disk::publish(&temp, &path)? {
             store.path = path;
-            return Ok((store, loaded));
+            return Ok((
+                store,
+                Loaded {
+                    warnings: notes,
+                    ..loaded
+                },
+            ));
         }
         // Another process made the store first: open that one (it is likely still in use).
         drop(store);
@@ -356,6 +368,7 @@ impl Store {
                 removed,
                 launches,
                 memory,
+                warnings: Vec::new(),
             }
         };
         tx.commit().map_err(|e| self.io(e))?;
@@ -627,6 +640,45 @@ mod tests {
         let (_, again) = Store::open(dir.path(), ReplicaId(6), 2_000).unwrap();
         assert!(!again.fresh);
         assert_eq!(again.replica.id(), ReplicaId(5));
+    }
+
+    #[cfg(unix)]
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_new_data_dir_and_its_store_are_for_the_owner_only() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a").join("b");
+        let (store, loaded) = Store::open(&dir, ReplicaId(1), 1_000).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join(STORE_FILE)), 0o600);
+        assert_eq!(mode(&root.path().join("a")), 0o700);
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        drop(store);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_open_data_dir_is_warned_about_and_an_open_store_file_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), ReplicaId(1), 1_000).unwrap());
+        let file = dir.path().join(STORE_FILE);
+        // As an older roster left them.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (_, loaded) = Store::open(dir.path(), ReplicaId(1), 2_000).unwrap();
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(dir.path()), 0o755, "the directory is the user's to change");
+        let all = loaded.warnings.join("\n");
+        assert!(
+            all.contains(&format!("chmod 700 {}", dir.path().display())) && all.contains("now 600"),
+            "{all}"
+        );
     }
 
     #[test]

@@ -14,12 +14,58 @@ use redb::Database;
 
 use super::StoreError;
 
-/// Creates the data directory if it is missing.
-pub(super) fn prepare_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
+/// The permission bits roster gives its data directory.
+#[cfg(unix)]
+const DIR_MODE: u32 = 0o700;
+/// The permission bits roster gives the files in it.
+#[cfg(unix)]
+const FILE_MODE: u32 = 0o600;
+
+/// Creates the data directory (0700) if it is missing. Returns a warning when an existing
+/// one can be read by other users (it is the user's to change: it may be shared on purpose).
+pub(super) fn prepare_dir(dir: &Path) -> Result<Option<String>, StoreError> {
+    let failed = |source| StoreError::Dir {
         dir: dir.to_path_buf(),
         source,
-    })
+    };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, DIR_MODE);
+    builder.create(dir).map_err(failed)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir).map_err(failed)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Ok(Some(format!(
+                "the data directory {} can be read by other users (mode {mode:o}); run `chmod 700 {}`",
+                dir.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Makes the store file at `path` readable by its owner only (0600), as roster makes it
+/// now; an older roster made it 0644. Returns what was changed.
+pub(super) fn tighten_file(path: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(FILE_MODE)).ok()?;
+            return Some(format!(
+                "{} could be read by other users (mode {mode:o}): now 600",
+                path.display()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    None
 }
 
 /// Opens the existing store file at `path`; `None` when there is none. An empty file, or
@@ -62,6 +108,8 @@ pub(super) fn create_temporary(dir: &Path) -> Result<(Database, PathBuf), StoreE
     ));
     let mut options = OpenOptions::new();
     options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, FILE_MODE);
     let file = options.open(&temp).map_err(|source| StoreError::Dir {
         dir: dir.to_path_buf(),
         source,
