@@ -20,7 +20,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
-use crate::store::{OwnedRecord, Store, StoreError};
+use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
+
+#[cfg(test)]
+mod disk_tests;
 
 /// The default listen address of an agent.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -669,11 +672,14 @@ pub(crate) struct Inner {
     last_sync: std::sync::Mutex<Option<u64>>,
 }
 
-/// Saves the replica after changes, in batches (group commit).
+/// Saves the replica after changes, in batches (group commit). After a failed write it
+/// reopens the store on its backoff, and saves what is unsaved once it can.
 async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
     let mut rx = handle.watch_replica();
     let mut interval = SAVE_INTERVAL;
     let mut saved_memory: Vec<u8> = Vec::new();
+    // A change the last save attempt did not write.
+    let mut unsaved = false;
     loop {
         let replica_changed = tokio::select! {
             () = cancel.cancelled() => return,
@@ -685,16 +691,28 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             }
             () = tokio::time::sleep(MEMORY_CHECK) => false,
         };
-        if replica_changed {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(interval) => {}
+        unsaved |= replica_changed;
+        if store.health().is_some() {
+            // Closed after a failed write (the store logged it): nothing is written until
+            // it reopens on its backoff; then the save below is the write that proves it.
+            let s = Arc::clone(&store);
+            if let Ok(Some(false)) = tokio::task::spawn_blocking(move || s.reopen_if_due()).await {
+                continue;
+            }
+        }
+        if unsaved {
+            if replica_changed {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(interval) => {}
+                }
             }
             let replica = Arc::clone(&rx.borrow_and_update());
-            let store = Arc::clone(&store);
+            let s = Arc::clone(&store);
             let started = Instant::now();
-            match tokio::task::spawn_blocking(move || store.save_replica(&replica, false)).await {
-                Ok(Ok(())) => {}
+            match tokio::task::spawn_blocking(move || s.save_replica(&replica, false)).await {
+                Ok(Ok(())) => unsaved = false,
+                Ok(Err(StoreError::Unwritable { .. })) => continue,
                 Ok(Err(e)) => warn!("could not save the replica: {e}"),
                 Err(e) => warn!("the save task failed: {e}"),
             }
@@ -713,6 +731,7 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             let b = bytes.clone();
             match tokio::task::spawn_blocking(move || store.save_memory(&b)).await {
                 Ok(Ok(())) => saved_memory = bytes,
+                Ok(Err(StoreError::Unwritable { .. })) => {}
                 Ok(Err(e)) => warn!("could not save the peer backoffs: {e}"),
                 Err(e) => warn!("the save task failed: {e}"),
             }
@@ -1230,11 +1249,21 @@ impl Node {
         let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
         if let Some(store) = store {
             let replica = self.inner.handle.replica();
+            // One more try after a failure, whatever the backoff.
+            store.retry_now();
             tokio::task::spawn_blocking(move || store.save_replica(&replica, true))
                 .await
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         Ok(())
+    }
+
+    /// `None` while the data directory can be written (or the node has none). After a write
+    /// failed (a full disk, say): since when, the last error, and when the node next tries
+    /// to reopen it. Meanwhile changes (`register`, `deregister`) fail and change nothing;
+    /// reads and replication go on.
+    pub fn store_health(&self) -> Option<StoreHealth> {
+        self.inner.store().and_then(|s| s.health())
     }
 
     /// Whether the node has stopped.

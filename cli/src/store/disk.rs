@@ -21,6 +21,40 @@ const DIR_MODE: u32 = 0o700;
 #[cfg(unix)]
 const FILE_MODE: u32 = 0o600;
 
+/// The backend under the database: the file itself, or (in tests) the file behind a
+/// switch that makes writes fail, as a full disk would.
+#[cfg(not(test))]
+type Backend = FileBackend;
+#[cfg(test)]
+type Backend = faults::FaultyBackend;
+
+/// The test-only switch of [`Backend`]; nothing in a release build.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Faults {
+    #[cfg(test)]
+    pub(super) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Faults {
+    /// The switch for a store opened in `dir`: the one a test set with
+    /// [`fail_writes_in`], or a switch nobody turns.
+    pub(super) fn for_dir(dir: &Path) -> Self {
+        #[cfg(test)]
+        if let Some(fail_writes) = faults::registered(dir) {
+            return Self { fail_writes };
+        }
+        let _ = dir;
+        Self::default()
+    }
+}
+
+/// Test only: a switch that makes every write of a store opened in `dir` fail with
+/// ENOSPC while it is on (for a node started on `dir`, whose store is opened inside it).
+#[cfg(test)]
+pub(crate) fn fail_writes_in(dir: &Path) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    faults::register(dir)
+}
+
 /// Creates the data directory (0700) if it is missing. Returns a warning when an existing
 /// one can be read by other users (it is the user's to change: it may be shared on purpose).
 pub(super) fn prepare_dir(dir: &Path) -> Result<Option<String>, StoreError> {
@@ -70,7 +104,7 @@ pub(super) fn tighten_file(path: &Path) -> Option<String> {
 
 /// Opens the existing store file at `path`; `None` when there is none. An empty file, or
 /// one that cannot be opened, is refused with the way out.
-pub(super) fn open_existing(path: &Path) -> Result<Option<Database>, StoreError> {
+pub(super) fn open_existing(path: &Path, faults: &Faults) -> Result<Option<Database>, StoreError> {
     let file = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -94,12 +128,14 @@ pub(super) fn open_existing(path: &Path) -> Result<Option<Database>, StoreError>
             why: "the file is empty".to_string(),
         });
     }
-    open_db(file).map(Some).map_err(|e| super::open_error(path, e))
+    open_db(file, faults)
+        .map(Some)
+        .map_err(|e| super::open_error(path, e))
 }
 
 /// A new store file: made under a temporary name in `dir` to be linked into
 /// place by [`publish`] once its identity is committed.
-pub(super) fn create_temporary(dir: &Path) -> Result<(Database, PathBuf), StoreError> {
+pub(super) fn create_temporary(dir: &Path, faults: &Faults) -> Result<(Database, PathBuf), StoreError> {
     let suffix = getrandom::u64().unwrap_or_default();
     let temp = dir.join(format!(
         ".{}.new-{}-{suffix:016x}",
@@ -114,7 +150,7 @@ pub(super) fn create_temporary(dir: &Path) -> Result<(Database, PathBuf), StoreE
         dir: dir.to_path_buf(),
         source,
     })?;
-    match open_db(file) {
+    match open_db(file, faults) {
         Ok(db) => Ok((db, temp)),
         Err(e) => {
             let _ = std::fs::remove_file(&temp);
@@ -154,8 +190,114 @@ pub(super) fn publish(temp: &Path, path: &Path) -> Result<bool, StoreError> {
     Ok(true)
 }
 
-fn open_db(file: File) -> Result<Database, redb::DatabaseError> {
+/// Opens the store file at `path` again after a failure. The file must still be there:
+/// a missing or emptied file is not made anew.
+pub(super) fn reopen(path: &Path, faults: &Faults) -> Result<Database, StoreError> {
+    open_existing(path, faults)?.ok_or_else(|| StoreError::Io {
+        path: path.to_path_buf(),
+        why: "the file is gone".to_string(),
+    })
+}
+
+fn open_db(file: File, faults: &Faults) -> Result<Database, redb::DatabaseError> {
+    let backend = FileBackend::new(file)?;
+    #[cfg(test)]
+    let backend = faults::FaultyBackend {
+        inner: backend,
+        fail_writes: std::sync::Arc::clone(&faults.fail_writes),
+    };
+    #[cfg(not(test))]
+    let _ = faults;
+    let backend: Backend = backend;
     redb::Builder::new()
         .set_check_integrity_on_open(true)
-        .create_with_backend(FileBackend::new(file)?)
+        .create_with_backend(backend)
+}
+
+#[cfg(test)]
+pub(super) mod faults {
+    //! A file backend whose writes fail while a switch is on: the error a full disk gives.
+
+    use std::ops::Bound;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use redb::backends::FileBackend;
+    use redb::{BackendError, StorageBackend};
+
+    // What the backend methods return without redb's experimental API.
+    type BackendIoError = std::io::Error;
+
+    static REGISTERED: std::sync::Mutex<Vec<(std::path::PathBuf, Arc<AtomicBool>)>> =
+        std::sync::Mutex::new(Vec::new());
+
+    pub(crate) fn register(dir: &std::path::Path) -> Arc<AtomicBool> {
+        let switch = Arc::new(AtomicBool::new(false));
+        if let Ok(mut r) = REGISTERED.lock() {
+            r.push((dir.to_path_buf(), Arc::clone(&switch)));
+        }
+        switch
+    }
+
+    pub(crate) fn registered(dir: &std::path::Path) -> Option<Arc<AtomicBool>> {
+        let r = REGISTERED.lock().ok()?;
+        r.iter().find(|(d, _)| d == dir).map(|(_, s)| Arc::clone(s))
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct FaultyBackend {
+        pub(crate) inner: FileBackend,
+        pub(crate) fail_writes: Arc<AtomicBool>,
+    }
+
+    impl FaultyBackend {
+        fn check(&self) -> Result<(), BackendIoError> {
+            if self.fail_writes.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            Ok(())
+        }
+    }
+
+    impl StorageBackend for FaultyBackend {
+        fn len(&self) -> Result<u64, BackendIoError> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+            self.check()?;
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), BackendIoError> {
+            self.check()?;
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
+            self.check()?;
+            self.inner.write(offset, data)
+        }
+        fn close(&self) -> Result<(), BackendIoError> {
+            self.inner.close()
+        }
+        fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+            self.inner.try_lock_range(start, end)
+        }
+        fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+            self.inner.try_lock_shared_range(start, end)
+        }
+        fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+            self.inner.lock_range(start, end)
+        }
+        fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+            self.inner.lock_shared_range(start, end)
+        }
+        fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+            self.inner.unlock_range(start, end)
+        }
+        fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+            self.inner.query_lock_range(start, end)
+        }
+    }
 }
