@@ -24,6 +24,7 @@ use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
 
 #[cfg(test)]
 mod disk_tests;
+mod unsaved;
 
 /// The default listen address of an agent.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -607,6 +608,7 @@ impl NodeBuilder {
             secret,
             client_auth_always: self.client_auth_always,
             last_sync: std::sync::Mutex::new(None),
+            pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let node = Node { inner };
         if let Some(store) = store {
@@ -670,6 +672,9 @@ pub(crate) struct Inner {
     pub(crate) client_auth_always: bool,
     /// The last manual sync, for a node without a data directory.
     last_sync: std::sync::Mutex<Option<u64>>,
+    /// Own keys whose `ttl` passed and that are out of the cluster, but still on disk
+    /// because the store could not write (see `unsaved`).
+    pending_removals: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Saves the replica after changes, in batches (group commit). After a failed write it
@@ -748,6 +753,7 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
         }
         let Some(inner) = inner.upgrade() else { return };
         let node = Node { inner };
+        node.save_pending_removals().await;
         let now = now_ms();
         let due: Vec<(String, String)> = node
             .inner
@@ -763,9 +769,7 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
                 service,
                 instance, "registration TTL passed without a new register: deregistering"
             );
-            if let Err(e) = node.deregister(&service, &instance).await {
-                warn!(service, instance, "could not deregister: {e}");
-            }
+            node.expire(&service, &instance).await;
         }
     }
 }

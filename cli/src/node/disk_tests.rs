@@ -76,3 +76,32 @@ async fn a_change_that_cannot_be_saved_is_refused_and_the_node_writes_again_once
     let owned: Vec<String> = loaded.owned.iter().map(|r| r.instance.clone()).collect();
     assert_eq!(owned, vec!["b"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_ttl_whose_removal_cannot_be_saved_leaves_the_cluster_and_is_saved_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = fail_writes_in(dir.path());
+    let node = start(dir.path()).await;
+    node.register_owned(
+        Service::new("web", "127.0.0.1:80")
+            .id("t")
+            .ttl(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    fail.store(true, Ordering::SeqCst);
+    eventually("the instance whose ttl passed is gone", || ids(&node).is_empty()).await;
+    assert!(node.store_health().is_some());
+    let pending = |node: &Node| node.inner.pending_removals.lock().unwrap().clone();
+    assert_eq!(pending(&node).into_iter().collect::<Vec<_>>(), vec!["web/t"]);
+
+    fail.store(false, Ordering::SeqCst);
+    eventually("the removal is saved", || {
+        node.store_health().is_none() && pending(&node).is_empty()
+    })
+    .await;
+    // Off disk for good (a graceful stop keeps what the node owns on disk).
+    node.shutdown().await.unwrap();
+    let (_, loaded) = Store::open(dir.path(), roster_registry::ReplicaId(1), 0).unwrap();
+    assert!(loaded.owned.is_empty(), "{:?}", loaded.owned);
+}
