@@ -1218,3 +1218,110 @@ fn an_agent_with_nobody_to_join_opens_no_connection() {
     assert_eq!(s["counters"]["connections_opened"], 0, "{s}");
     assert_eq!(s["counters"]["frames_sent"], 0, "{s}");
 }
+
+/// A small tmpfs mounted for one test (Linux, as root), unmounted when dropped.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// `None` when this process cannot mount one (not root).
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).unwrap();
+        let uid = Command::new("id").arg("-u").output().ok()?;
+        if text(&uid.stdout) != "0" {
+            return None;
+        }
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs failed as root");
+        Some(SmallDisk {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Fills the disk with one file; returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0x42u8; 64 * 1024];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // And the last few bytes.
+        while let Ok(1..) = f.write(&[0x42]) {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_once_space_is_freed() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(disk) = SmallDisk::mount(&root.path().join("disk"), "4m") else {
+        eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+        return;
+    };
+    // Declared after the disk, so the agent is killed before the disk is unmounted.
+    let a = Agent::start(&disk.dir.join("a"), "a", &[]);
+    assert!(a
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
+        .status
+        .success());
+    assert!(a
+        .roster(&["register", "batch", "127.0.0.1:1", "--ttl", "2s"])
+        .status
+        .success());
+
+    let filler = disk.fill();
+    let out = a.roster(&["register", "web", "127.0.0.1:81", "--id", "w2"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("roster.redb cannot be written")
+            && err.contains("No space left on device")
+            && err.contains("check the free space")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let ids = |a: &Agent| -> Vec<String> {
+        a.instances("web")
+            .iter()
+            .map(|i| i["instance"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&a), vec!["w1"], "what was not saved is not registered");
+    let out = a.roster(&["deregister", "web", "w1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(ids(&a), vec!["w1"], "what was not saved is not deregistered");
+    within(
+        Duration::from_secs(10),
+        "a registration whose ttl passed is gone though its removal cannot be saved",
+        || a.instances("batch").is_empty(),
+    );
+
+    // Space is freed: the same agent process writes again, no restart.
+    std::fs::remove_file(filler).unwrap();
+    within(Duration::from_secs(15), "a register works again", || {
+        a.roster(&["register", "web", "127.0.0.1:81", "--id", "w2"])
+            .status
+            .success()
+    });
+    assert!(a.roster(&["deregister", "web", "w1"]).status.success());
+    assert_eq!(ids(&a), vec!["w2"]);
+    drop(a);
+}
