@@ -898,6 +898,10 @@ impl Node {
         if self.is_stopped() {
             return Err(Error::Stopped);
         }
+        // A disk known to fail refuses before peers see a write it would take back.
+        if let Some(store) = self.inner.store() {
+            store.ready()?;
+        }
         // Into the replica (and on its way to peers) first, then on disk, then answered:
         // the disk's commit is not on the path of a change to its peers. A crash between
         // the two leaves a write that was never answered; the restarted node does not own

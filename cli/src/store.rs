@@ -419,6 +419,19 @@ impl Store {
         }
     }
 
+    /// Whether a write may be tried now: refused at once while the database is closed
+    /// after a failure and its backoff has not passed.
+    ///
+    /// # Errors
+    /// [`StoreError::Unwritable`], with the error that closed it.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        let closed = lock(&self.db).is_none();
+        if closed && !lock(&self.health).due(Instant::now()) {
+            return Err(self.unwritable());
+        }
+        Ok(())
+    }
+
     /// `None` while the store can write; after a failure, since when it cannot, the last
     /// error and when it tries again.
     pub fn health(&self) -> Option<StoreHealth> {

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{now_ms, Error, Node};
+use super::{now_ms, Error, Event, Node};
 use crate::store::{fail_writes_in, Store, StoreError};
 use crate::Service;
 
@@ -41,6 +41,7 @@ async fn a_change_that_cannot_be_saved_is_refused_and_the_node_writes_again_once
         .await
         .unwrap();
     assert_eq!(node.store_health(), None);
+    let mut watch = node.watch("web");
 
     fail.store(true, Ordering::SeqCst);
     let e = node
@@ -62,6 +63,12 @@ async fn a_change_that_cannot_be_saved_is_refused_and_the_node_writes_again_once
         health.last_error.contains("No space left on device"),
         "{health:?}"
     );
+    // Known to fail now: refused before peers would see a write taken back.
+    let e = node
+        .register_owned(Service::new("web", "127.0.0.1:82").id("c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Store(StoreError::Unwritable { .. })), "{e}");
 
     // Space is back: no restart needed.
     fail.store(false, Ordering::SeqCst);
@@ -71,6 +78,20 @@ async fn a_change_that_cannot_be_saved_is_refused_and_the_node_writes_again_once
         .unwrap();
     node.deregister("web", "a").await.unwrap();
     assert_eq!(ids(&node), vec!["b"]);
+    // Up to the `b` that was saved, the watch saw `a`, then `b` shown and taken back (a
+    // first failure cannot be foreseen), but never `c`.
+    let mut seen = Vec::new();
+    while seen.last().is_none_or(|l| l != "+b") || seen.len() < 4 {
+        let e = tokio::time::timeout(Duration::from_secs(10), watch.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push(match e {
+            Event::Up(i) => format!("+{}", i.id),
+            Event::Down { id, .. } => format!("-{id}"),
+        });
+    }
+    assert_eq!(seen, vec!["+a", "+b", "-b", "+b"]);
     node.shutdown().await.unwrap();
     let (_, loaded) = Store::open(dir.path(), roster_registry::ReplicaId(1), now_ms()).unwrap();
     let owned: Vec<String> = loaded.owned.iter().map(|r| r.instance.clone()).collect();
