@@ -701,8 +701,9 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             // Closed after a failed write (the store logged it): nothing is written until
             // it reopens on its backoff; then the save below is the write that proves it.
             let s = Arc::clone(&store);
-            if let Ok(Some(false)) = tokio::task::spawn_blocking(move || s.reopen_if_due()).await {
-                continue;
+            match tokio::task::spawn_blocking(move || s.reopen_if_due()).await {
+                Ok(Some(false)) | Err(_) => continue,
+                Ok(_) => unsaved = true,
             }
         }
         if unsaved {

@@ -419,14 +419,19 @@ impl Store {
         }
     }
 
-    /// Whether a write may be tried now: refused at once while the database is closed
-    /// after a failure and its backoff has not passed.
+    /// Whether a write may be tried now: refused at once after a failure until its
+    /// backoff has passed. It does not wait for a write in progress.
     ///
     /// # Errors
     /// [`StoreError::Unwritable`], with the error that closed it.
     pub fn ready(&self) -> Result<(), StoreError> {
-        let closed = lock(&self.db).is_none();
-        if closed && !lock(&self.health).due(Instant::now()) {
+        // The health only, not the database's lock: callers are async, and a save may
+        // hold that lock for a commit.
+        let waiting = {
+            let health = lock(&self.health);
+            health.view().is_some() && !health.due(Instant::now())
+        };
+        if waiting {
             return Err(self.unwritable());
         }
         Ok(())
