@@ -35,6 +35,11 @@ impl Agent {
     }
 
     fn start_on(dir: &Path, name: &str, listen: &str, extra: &[&str]) -> Agent {
+        Self::start_with_log(dir, name, listen, extra, None)
+    }
+
+    /// As [`Agent::start_on`], its log (stderr) written to `log` when given.
+    fn start_with_log(dir: &Path, name: &str, listen: &str, extra: &[&str], log: Option<&Path>) -> Agent {
         let mut cmd = Command::new(BIN);
         cmd.args([
             "agent",
@@ -54,7 +59,10 @@ impl Agent {
             .env_remove("ROSTER_AGENT")
             .env("ROSTER_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(match log {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            });
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -1276,8 +1284,10 @@ fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_onc
         eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
         return;
     };
-    // Declared after the disk, so the agent is killed before the disk is unmounted.
-    let a = Agent::start(&disk.dir.join("a"), "a", &[]);
+    // Declared after the disk, so the agent is killed before the disk is unmounted. Its
+    // log is kept off the small disk.
+    let log = root.path().join("a.log");
+    let a = Agent::start_with_log(&disk.dir.join("a"), "a", "127.0.0.1:0", &[], Some(&log));
     assert!(a
         .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
         .status
@@ -1312,6 +1322,16 @@ fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_onc
         Duration::from_secs(10),
         "a registration whose ttl passed is gone though its removal cannot be saved",
         || a.instances("batch").is_empty(),
+    );
+    // Time for a retry loop to show in the log, if there were one (it warned every 250 ms).
+    // Expected: the warning without a secret, one that the disk cannot be written, one for
+    // the passed ttl, and at most one more if a reopen fails with another error.
+    std::thread::sleep(Duration::from_secs(2));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let lines = |what: &str| logged.lines().filter(|l| l.contains(what)).count();
+    assert!(
+        lines("batch") <= 2 && (1..=3).contains(&lines("cannot be written")) && lines(" WARN ") <= 4,
+        "the log says it once, not on every retry:\n{logged}"
     );
 
     // Space is freed: the same agent process writes again, no restart.
