@@ -20,7 +20,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
-use crate::store::{OwnedRecord, Store, StoreError};
+use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
+
+#[cfg(test)]
+mod disk_tests;
+mod unsaved;
 
 /// The default listen address of an agent.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -560,6 +564,9 @@ impl NodeBuilder {
                 let (store, loaded) = tokio::task::spawn_blocking(move || Store::open(&dir, new_id, now))
                     .await
                     .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                for note in &loaded.warnings {
+                    warn!("{note}");
+                }
                 let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
                     .owned
                     .into_iter()
@@ -672,6 +679,7 @@ impl NodeBuilder {
             secret,
             client_auth_always: self.client_auth_always,
             last_sync: std::sync::Mutex::new(None),
+            pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let node = Node { inner };
         if let Some(store) = store {
@@ -735,13 +743,19 @@ pub(crate) struct Inner {
     pub(crate) client_auth_always: bool,
     /// The last manual sync, for a node without a data directory.
     last_sync: std::sync::Mutex<Option<u64>>,
+    /// Own keys whose `ttl` passed and that are out of the cluster, but still on disk
+    /// because the store could not write (see `unsaved`).
+    pending_removals: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-/// Saves the replica after changes, in batches (group commit).
+/// Saves the replica after changes, in batches (group commit). After a failed write it
+/// reopens the store on its backoff, and saves what is unsaved once it can.
 async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
     let mut rx = handle.watch_replica();
     let mut interval = SAVE_INTERVAL;
     let mut saved_memory: Vec<u8> = Vec::new();
+    // A change the last save attempt did not write.
+    let mut unsaved = false;
     loop {
         let replica_changed = tokio::select! {
             () = cancel.cancelled() => return,
@@ -753,16 +767,29 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             }
             () = tokio::time::sleep(MEMORY_CHECK) => false,
         };
-        if replica_changed {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(interval) => {}
+        unsaved |= replica_changed;
+        if store.health().is_some() {
+            // Closed after a failed write (the store logged it): nothing is written until
+            // it reopens on its backoff; then the save below is the write that proves it.
+            let s = Arc::clone(&store);
+            match tokio::task::spawn_blocking(move || s.reopen_if_due()).await {
+                Ok(Some(false)) | Err(_) => continue,
+                Ok(_) => unsaved = true,
+            }
+        }
+        if unsaved {
+            if replica_changed {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(interval) => {}
+                }
             }
             let replica = Arc::clone(&rx.borrow_and_update());
-            let store = Arc::clone(&store);
+            let s = Arc::clone(&store);
             let started = Instant::now();
-            match tokio::task::spawn_blocking(move || store.save_replica(&replica, false)).await {
-                Ok(Ok(())) => {}
+            match tokio::task::spawn_blocking(move || s.save_replica(&replica, false)).await {
+                Ok(Ok(())) => unsaved = false,
+                Ok(Err(StoreError::Unwritable { .. })) => continue,
                 Ok(Err(e)) => warn!("could not save the replica: {e}"),
                 Err(e) => warn!("the save task failed: {e}"),
             }
@@ -781,6 +808,7 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             let b = bytes.clone();
             match tokio::task::spawn_blocking(move || store.save_memory(&b)).await {
                 Ok(Ok(())) => saved_memory = bytes,
+                Ok(Err(StoreError::Unwritable { .. })) => {}
                 Ok(Err(e)) => warn!("could not save the peer backoffs: {e}"),
                 Err(e) => warn!("the save task failed: {e}"),
             }
@@ -797,6 +825,7 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
         }
         let Some(inner) = inner.upgrade() else { return };
         let node = Node { inner };
+        node.save_pending_removals().await;
         let now = now_ms();
         let due: Vec<(String, String)> = node
             .inner
@@ -812,9 +841,7 @@ async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
                 service,
                 instance, "registration TTL passed without a new register: deregistering"
             );
-            if let Err(e) = node.deregister(&service, &instance).await {
-                warn!(service, instance, "could not deregister: {e}");
-            }
+            node.expire(&service, &instance).await;
         }
     }
 }
@@ -940,6 +967,10 @@ impl Node {
         let mut owned = self.inner.owned.lock().await;
         if self.is_stopped() {
             return Err(Error::Stopped);
+        }
+        // A disk known to fail refuses before peers see a write it would take back.
+        if let Some(store) = self.inner.store() {
+            store.ready()?;
         }
         // Into the replica (and on its way to peers) first, then on disk, then answered:
         // the disk's commit is not on the path of a change to its peers. A crash between
@@ -1296,11 +1327,21 @@ impl Node {
         let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
         if let Some(store) = store {
             let replica = self.inner.handle.replica();
+            // One more try after a failure, whatever the backoff.
+            store.retry_now();
             tokio::task::spawn_blocking(move || store.save_replica(&replica, true))
                 .await
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         Ok(())
+    }
+
+    /// `None` while the data directory can be written (or the node has none). After a write
+    /// failed (a full disk, say): since when, the last error, and when the node next tries
+    /// to reopen it. Meanwhile changes (`register`, `deregister`) fail and change nothing;
+    /// reads and replication go on.
+    pub fn store_health(&self) -> Option<StoreHealth> {
+        self.inner.store().and_then(|s| s.health())
     }
 
     /// Whether the node has stopped.

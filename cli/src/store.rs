@@ -9,12 +9,22 @@
 //! committed in batches (group commit) by the node's saver task.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use roster_registry::{
     codec, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, State,
 };
 use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+mod disk;
+mod health;
+
+#[cfg(test)]
+pub(crate) use disk::fail_writes_in;
+pub use health::{StoreHealth, FIRST_RETRY, MAX_RETRY};
 
 /// The file in the data directory.
 pub const STORE_FILE: &str = "roster.redb";
@@ -111,14 +121,26 @@ pub enum StoreError {
         /// The database file.
         path: PathBuf,
     },
-    /// The file is not a roster database, or is damaged.
+    /// The file is not a roster database, or is damaged (an empty file included).
     #[error(
-        "{path} is corrupt ({why}); move it aside to start this node afresh (it will resync from its peers)"
+        "{path} is corrupt ({why}); move it aside to start afresh as a new node (it resyncs the \
+         registry from its peers; what this node registered is not restored)"
     )]
     Corrupt {
         /// The database file.
         path: PathBuf,
         /// What was wrong.
+        why: String,
+    },
+    /// The file is there but cannot be opened (permissions, a failing disk).
+    #[error(
+        "cannot open {path} ({why}); fix its permissions or its disk, or move it aside to start \
+         afresh as a new node (what this node registered is not restored)"
+    )]
+    Unreadable {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
         why: String,
     },
     /// The file was written by an incompatible version.
@@ -134,8 +156,22 @@ pub enum StoreError {
         /// The format this build reads.
         expected: u32,
     },
+    /// Writes fail (a full or failing disk, permissions): nothing was saved. The store
+    /// reopens the file by itself once it can.
+    #[error(
+        "{path} cannot be written ({why}; failing since {since}); nothing was saved: check the free \
+         space and permissions of its disk (roster retries by itself)"
+    )]
+    Unwritable {
+        /// The database file.
+        path: PathBuf,
+        /// The last error.
+        why: String,
+        /// When writes started to fail (UTC).
+        since: String,
+    },
     /// A read or write failed.
-    #[error("{path}: {why}")]
+    #[error("{path} could not be read or written ({why}); check the free space and permissions of its disk")]
     Io {
         /// The database file.
         path: PathBuf,
@@ -160,35 +196,268 @@ pub struct Loaded {
     /// What the previous process knew of its peers (encoded by [`Store::save_memory`]'s
     /// caller); empty when none was saved.
     pub memory: Vec<u8>,
+    /// What the node should tell its operator about the data directory (a directory
+    /// others can read, a file whose permissions were tightened).
+    pub warnings: Vec<String>,
 }
 
 /// The open data directory.
+///
+/// After a write fails, the database is closed (redb refuses every write after an I/O
+/// error until it is opened again) and writes are refused with that error until it
+/// reopens, which [`Store::reopen_if_due`] and every operation try on a backoff; see
+/// [`Store::health`].
 #[derive(Debug)]
 pub struct Store {
-    db: Database,
+    /// `None` while closed after a failure.
+    db: Mutex<Option<Database>>,
     path: PathBuf,
+    /// The replica id in the file: a reopened file must still hold it.
+    id: ReplicaId,
+    health: Mutex<health::Health>,
+    faults: disk::Faults,
 }
 
 impl Store {
     /// Opens (or creates) the store in `dir`, records this launch at `now_ms`, and
-    /// reserves the counters this process may mint. A new store gets the replica id
-    /// `new_id`.
+    /// reserves the counters this process may mint. Only when there is no `roster.redb`
+    /// is a new store made, with the replica id `new_id`; an empty, unreadable or damaged
+    /// one is refused.
     ///
     /// # Errors
     /// [`StoreError`], naming the file and the way out.
     pub fn open(dir: &Path, new_id: ReplicaId, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+        Self::open_with(dir, new_id, now_ms, disk::Faults::for_dir(dir))
+    }
+
+    fn open_with(
+        dir: &Path,
+        new_id: ReplicaId,
+        now_ms: u64,
+        faults: disk::Faults,
+    ) -> Result<(Self, Loaded), StoreError> {
+        let mut notes: Vec<String> = disk::prepare_dir(dir)?.into_iter().collect();
         let path = dir.join(STORE_FILE);
-        let db = redb::Builder::new()
-            .set_check_integrity_on_open(true)
-            .create(&path)
-            .map_err(|e| open_error(&path, e))?;
-        let store = Self { db, path };
-        let loaded = store.load(new_id, now_ms)?;
+        if let Some(db) = disk::open_existing(&path, &faults)? {
+            notes.extend(disk::tighten_file(&path));
+            let (store, mut loaded) = Self::resume(db, path, now_ms, faults)?;
+            loaded.warnings = notes;
+            return Ok((store, loaded));
+        }
+        // Only a missing file makes a new node; the new store gets its name once its
+        // identity is committed.
+        let (db, temp) = disk::create_temporary(dir, &faults)?;
+        let mut store = Self::new(db, temp.clone(), new_id, faults.clone());
+        let loaded = match store.load_now(Some(new_id), now_ms) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                drop(store);
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
+        if disk::publish(&temp, &path)? {
+            store.path = path;
+            return Ok((
+                store,
+                Loaded {
+                    warnings: notes,
+                    ..loaded
+                },
+            ));
+        }
+        // Another process made the store first: open that one (it is likely still in use).
+        drop(store);
+        match disk::open_existing(&path, &faults)? {
+            Some(db) => Self::resume(db, path, now_ms, faults),
+            None => Err(StoreError::Io {
+                path,
+                why: "the file vanished while it was being made".to_string(),
+            }),
+        }
+    }
+
+    fn new(db: Database, path: PathBuf, id: ReplicaId, faults: disk::Faults) -> Self {
+        Self {
+            db: Mutex::new(Some(db)),
+            path,
+            id,
+            health: Mutex::new(health::Health::default()),
+            faults,
+        }
+    }
+
+    fn resume(
+        db: Database,
+        path: PathBuf,
+        now_ms: u64,
+        faults: disk::Faults,
+    ) -> Result<(Self, Loaded), StoreError> {
+        // The id is read by `load`; until then it is not used.
+        let mut store = Self::new(db, path, ReplicaId(0), faults);
+        let loaded = store.load_now(None, now_ms)?;
+        store.id = loaded.replica.id();
         Ok((store, loaded))
+    }
+
+    /// `load` on the database just opened: a failure here stops the start, so it is not
+    /// taken as a degraded store to reopen.
+    fn load_now(&self, new_id: Option<ReplicaId>, now_ms: u64) -> Result<Loaded, StoreError> {
+        let db = lock(&self.db);
+        match db.as_ref() {
+            Some(db) => self.load(db, new_id, now_ms),
+            None => Err(self.io("the database is closed")),
+        }
+    }
+
+    /// Runs `op` on the open database. While it is closed after a failure, reopens it if
+    /// its backoff has passed, or else refuses at once with the error that closed it. An
+    /// I/O error from `op` closes it. The store is healthy again only once a write works
+    /// (a reopen alone proves little on a full disk, and would reset the backoff).
+    fn with_db<T>(&self, op: impl FnOnce(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.run(true, op)
+    }
+
+    /// [`Store::with_db`] for an operation that only reads.
+    fn read_db<T>(&self, op: impl FnOnce(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.run(false, op)
+    }
+
+    fn run<T>(
+        &self,
+        writes: bool,
+        op: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut db = lock(&self.db);
+        if db.is_none() {
+            self.reopen_locked(&mut db)?;
+        }
+        let Some(open) = db.as_ref() else {
+            return Err(self.unwritable());
+        };
+        match op(open) {
+            Err(StoreError::Io { why, .. }) => {
+                // redb refuses every write after an I/O error until the database is
+                // opened again: close it now, reopen on the backoff.
+                *db = None;
+                let first = lock(&self.health).failed(why.clone(), Instant::now(), wall_ms());
+                if first {
+                    warn!(
+                        "{} cannot be written: {why}; reads and replication go on, changes are refused \
+                         until it can be written again (check the free space and permissions of its \
+                         disk); retrying in about {}s",
+                        self.path.display(),
+                        health::FIRST_RETRY.as_secs()
+                    );
+                }
+                Err(self.unwritable())
+            }
+            Ok(v) => {
+                if writes {
+                    if let Some(spell) = lock(&self.health).recovered() {
+                        info!(
+                            "{} can be written again, after {} failures since {}",
+                            self.path.display(),
+                            spell.failures,
+                            format_wall(spell.since_ms)
+                        );
+                    }
+                }
+                Ok(v)
+            }
+            other => other,
+        }
+    }
+
+    /// Tries to open the database again, if its backoff has passed.
+    fn reopen_locked(&self, db: &mut Option<Database>) -> Result<(), StoreError> {
+        if !lock(&self.health).due(Instant::now()) {
+            return Err(self.unwritable());
+        }
+        let reopened = disk::reopen(&self.path, &self.faults).and_then(|d| {
+            let id = read_id(&d).map_err(|e| self.io(e))?;
+            if id == Some(self.id.0) {
+                Ok(d)
+            } else {
+                Err(self.io(format!(
+                    "the file now holds another node's data (id {:016x}, this node is {})",
+                    id.unwrap_or_default(),
+                    self.id
+                )))
+            }
+        });
+        match reopened {
+            Ok(d) => {
+                *db = Some(d);
+                Ok(())
+            }
+            Err(e) => {
+                let why = match e {
+                    StoreError::Io { why, .. } => why,
+                    other => other.to_string(),
+                };
+                let mut health = lock(&self.health);
+                let changed = health.view().is_none_or(|h| h.last_error != why);
+                health.failed(why.clone(), Instant::now(), wall_ms());
+                if changed {
+                    warn!("{} still cannot be written: {why}", self.path.display());
+                }
+                drop(health);
+                Err(self.unwritable())
+            }
+        }
+    }
+
+    fn unwritable(&self) -> StoreError {
+        let view = lock(&self.health).view();
+        StoreError::Unwritable {
+            path: self.path.clone(),
+            why: view
+                .as_ref()
+                .map_or_else(|| "it is closed".to_string(), |h| h.last_error.clone()),
+            since: format_wall(view.map_or_else(wall_ms, |h| h.since_ms)),
+        }
+    }
+
+    /// Whether a write may be tried now: refused at once after a failure until its
+    /// backoff has passed. It does not wait for a write in progress.
+    ///
+    /// # Errors
+    /// [`StoreError::Unwritable`], with the error that closed it.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        // The health only, not the database's lock: callers are async, and a save may
+        // hold that lock for a commit.
+        let waiting = {
+            let health = lock(&self.health);
+            health.view().is_some() && !health.due(Instant::now())
+        };
+        if waiting {
+            return Err(self.unwritable());
+        }
+        Ok(())
+    }
+
+    /// `None` while the store can write; after a failure, since when it cannot, the last
+    /// error and when it tries again.
+    pub fn health(&self) -> Option<StoreHealth> {
+        lock(&self.health).view()
+    }
+
+    /// After a failure, reopens the database if its backoff has passed: `None` when it is
+    /// open, `Some(true)` when it reopened now, `Some(false)` when it is still closed. The
+    /// store is healthy again after the next write that works.
+    pub fn reopen_if_due(&self) -> Option<bool> {
+        let mut db = lock(&self.db);
+        if db.is_some() {
+            return None;
+        }
+        Some(self.reopen_locked(&mut db).is_ok())
+    }
+
+    /// Makes the next reopening attempt due now, whatever the backoff (a graceful stop
+    /// tries once more to save).
+    pub fn retry_now(&self) {
+        lock(&self.health).retry_now(Instant::now());
     }
 
     /// The database file.
@@ -210,8 +479,9 @@ impl Store {
         }
     }
 
-    fn load(&self, new_id: ReplicaId, now_ms: u64) -> Result<Loaded, StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+    /// Reads what the node resumes from; `new_id` is `Some` only for a store just made.
+    fn load(&self, db: &Database, new_id: Option<ReplicaId>, now_ms: u64) -> Result<Loaded, StoreError> {
+        let tx = db.begin_write().map_err(|e| self.io(e))?;
         let loaded = {
             let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
             let get_u64 = |meta: &redb::Table<&str, &[u8]>, k: &str| -> Result<Option<u64>, StoreError> {
@@ -226,18 +496,21 @@ impl Store {
                     }
                 }
             };
-            let fresh = meta.get(K_FORMAT).map_err(|e| self.io(e))?.is_none();
-            if fresh {
+            let fresh = new_id.is_some();
+            if let Some(new_id) = new_id {
                 meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
                 meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
             } else {
                 let format = meta.get(K_FORMAT).map_err(|e| self.io(e))?;
-                let found = format
-                    .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-                    .map(u32::from_le_bytes)
-                    .ok_or_else(|| self.corrupt("the format record is damaged"))?;
+                let found = match format {
+                    None => return Err(self.corrupt("it holds no roster identity")),
+                    Some(v) => <[u8; 4]>::try_from(v.value())
+                        .ok()
+                        .map(u32::from_le_bytes)
+                        .ok_or_else(|| self.corrupt("the format record is damaged"))?,
+                };
                 if found != STORE_FORMAT {
                     return Err(StoreError::Incompatible {
                         path: self.path.clone(),
@@ -310,6 +583,7 @@ impl Store {
                 removed,
                 launches,
                 memory,
+                warnings: Vec::new(),
             }
         };
         tx.commit().map_err(|e| self.io(e))?;
@@ -324,29 +598,31 @@ impl Store {
     /// [`StoreError::Io`].
     pub fn save_replica(&self, replica: &Replica, exact: bool) -> Result<(), StoreError> {
         let bytes = codec::encode_state(replica.state());
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
-        {
-            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-            meta.insert(K_STATE, bytes.as_slice()).map_err(|e| self.io(e))?;
-            let counter = replica.counter();
-            let reserved = meta
-                .get(K_FLOOR)
-                .map_err(|e| self.io(e))?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map_or(0, u64::from_le_bytes);
-            let floor = if exact {
-                Some(counter)
-            } else if counter + COUNTER_RESERVE / 2 > reserved {
-                Some(counter + COUNTER_RESERVE)
-            } else {
-                None
-            };
-            if let Some(floor) = floor {
-                meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
-                    .map_err(|e| self.io(e))?;
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            {
+                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+                meta.insert(K_STATE, bytes.as_slice()).map_err(|e| self.io(e))?;
+                let counter = replica.counter();
+                let reserved = meta
+                    .get(K_FLOOR)
+                    .map_err(|e| self.io(e))?
+                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                    .map_or(0, u64::from_le_bytes);
+                let floor = if exact {
+                    Some(counter)
+                } else if counter + COUNTER_RESERVE / 2 > reserved {
+                    Some(counter + COUNTER_RESERVE)
+                } else {
+                    None
+                };
+                if let Some(floor) = floor {
+                    meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
+                        .map_err(|e| self.io(e))?;
+                }
             }
-        }
-        tx.commit().map_err(|e| self.io(e))
+            tx.commit().map_err(|e| self.io(e))
+        })
     }
 
     /// Saves an own registration (durable when this returns), and reserves counters
@@ -357,26 +633,28 @@ impl Store {
     pub fn put_owned(&self, rec: &OwnedRecord, counter: u64) -> Result<(), StoreError> {
         let bytes = postcard::to_stdvec(rec).map_err(|e| self.io(e))?;
         let k = rec.key();
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
-        {
-            let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
-            owned
-                .insert(k.as_str(), bytes.as_slice())
-                .map_err(|e| self.io(e))?;
-            let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
-            removed.remove(k.as_str()).map_err(|e| self.io(e))?;
-            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-            let reserved = meta
-                .get(K_FLOOR)
-                .map_err(|e| self.io(e))?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map_or(0, u64::from_le_bytes);
-            if counter + COUNTER_RESERVE / 2 > reserved {
-                meta.insert(K_FLOOR, (counter + COUNTER_RESERVE).to_le_bytes().as_slice())
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            {
+                let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+                owned
+                    .insert(k.as_str(), bytes.as_slice())
                     .map_err(|e| self.io(e))?;
+                let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+                removed.remove(k.as_str()).map_err(|e| self.io(e))?;
+                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+                let reserved = meta
+                    .get(K_FLOOR)
+                    .map_err(|e| self.io(e))?
+                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                    .map_or(0, u64::from_le_bytes);
+                if counter + COUNTER_RESERVE / 2 > reserved {
+                    meta.insert(K_FLOOR, (counter + COUNTER_RESERVE).to_le_bytes().as_slice())
+                        .map_err(|e| self.io(e))?;
+                }
             }
-        }
-        tx.commit().map_err(|e| self.io(e))
+            tx.commit().map_err(|e| self.io(e))
+        })
     }
 
     /// Forgets an own registration (durable when this returns) and remembers its key as
@@ -386,18 +664,20 @@ impl Store {
     /// [`StoreError::Io`].
     pub fn remove_owned(&self, service: &str, instance: &str, now_ms: u64) -> Result<bool, StoreError> {
         let k = key(service, instance);
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
-        let existed = {
-            let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
-            let existed = owned.remove(k.as_str()).map_err(|e| self.io(e))?.is_some();
-            let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
-            if removed.len().map_err(|e| self.io(e))? < MAX_REMOVED as u64 {
-                removed.insert(k.as_str(), now_ms).map_err(|e| self.io(e))?;
-            }
-            existed
-        };
-        tx.commit().map_err(|e| self.io(e))?;
-        Ok(existed)
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            let existed = {
+                let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+                let existed = owned.remove(k.as_str()).map_err(|e| self.io(e))?.is_some();
+                let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+                if removed.len().map_err(|e| self.io(e))? < MAX_REMOVED as u64 {
+                    removed.insert(k.as_str(), now_ms).map_err(|e| self.io(e))?;
+                }
+                existed
+            };
+            tx.commit().map_err(|e| self.io(e))?;
+            Ok(existed)
+        })
     }
 
     /// Saves what this process knows of its peers (backoffs, URLs), durable when this
@@ -406,12 +686,14 @@ impl Store {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn save_memory(&self, bytes: &[u8]) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
-        {
-            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-            meta.insert(K_MEMORY, bytes).map_err(|e| self.io(e))?;
-        }
-        tx.commit().map_err(|e| self.io(e))
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            {
+                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+                meta.insert(K_MEMORY, bytes).map_err(|e| self.io(e))?;
+            }
+            tx.commit().map_err(|e| self.io(e))
+        })
     }
 
     /// When the throttled action `name` last ran (wall ms).
@@ -419,16 +701,18 @@ impl Store {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn last_run(&self, name: &str) -> Result<Option<u64>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.io(e))?;
-        let meta = match tx.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(self.io(e)),
-        };
-        let k = format!("last_run.{name}");
-        let v = meta.get(k.as_str()).map_err(|e| self.io(e))?;
-        Ok(v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-            .map(u64::from_le_bytes))
+        self.read_db(|db| {
+            let tx = db.begin_read().map_err(|e| self.io(e))?;
+            let meta = match tx.open_table(META) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(self.io(e)),
+            };
+            let k = format!("last_run.{name}");
+            let v = meta.get(k.as_str()).map_err(|e| self.io(e))?;
+            Ok(v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map(u64::from_le_bytes))
+        })
     }
 
     /// Records that the throttled action `name` ran at `at_ms` (durable when this returns).
@@ -436,15 +720,41 @@ impl Store {
     /// # Errors
     /// [`StoreError::Io`].
     pub fn set_last_run(&self, name: &str, at_ms: u64) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
-        {
-            let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-            let k = format!("last_run.{name}");
-            meta.insert(k.as_str(), at_ms.to_le_bytes().as_slice())
-                .map_err(|e| self.io(e))?;
-        }
-        tx.commit().map_err(|e| self.io(e))
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            {
+                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+                let k = format!("last_run.{name}");
+                meta.insert(k.as_str(), at_ms.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+            tx.commit().map_err(|e| self.io(e))
+        })
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves nothing half-done that the next holder must mend.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn format_wall(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// The replica id a store file holds.
+fn read_id(db: &Database) -> Result<Option<u64>, String> {
+    let tx = db.begin_read().map_err(|e| e.to_string())?;
+    let meta = tx.open_table(META).map_err(|e| e.to_string())?;
+    let v = meta.get(K_ID).map_err(|e| e.to_string())?;
+    Ok(v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map(u64::from_le_bytes))
 }
 
 fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
@@ -470,7 +780,7 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
             path: path.to_path_buf(),
             why,
         },
-        other => StoreError::Io {
+        other => StoreError::Unreadable {
             path: path.to_path_buf(),
             why: other.to_string(),
         },
@@ -488,12 +798,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, loaded) = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap();
         assert!(loaded.fresh);
-        let tx = store.db.begin_write().unwrap();
-        {
-            let mut meta = tx.open_table(META).unwrap();
-            meta.insert(K_FORMAT, 2u32.to_le_bytes().as_slice()).unwrap();
-        }
-        tx.commit().unwrap();
+        store
+            .with_db(|db| {
+                let tx = db.begin_write().unwrap();
+                {
+                    let mut meta = tx.open_table(META).unwrap();
+                    meta.insert(K_FORMAT, 2u32.to_le_bytes().as_slice()).unwrap();
+                }
+                tx.commit().unwrap();
+                Ok(())
+            })
+            .unwrap();
         drop(store);
         let e = Store::open(dir.path(), ReplicaId(1), 2_000).unwrap_err();
         assert!(
@@ -511,6 +826,205 @@ mod tests {
         assert!(
             msg.contains("roster.redb") && msg.contains("move the file aside"),
             "{msg}"
+        );
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_empty_store_file_is_refused_and_never_becomes_a_new_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STORE_FILE);
+        std::fs::write(&path, b"").unwrap();
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains("empty")
+                && msg.contains("move it aside")
+                && msg.contains("new node")
+                && !msg.contains('\n'),
+            "{msg}"
+        );
+        // Nothing changed: still empty, and no other file left behind.
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(entries(dir.path()), vec![STORE_FILE.to_string()]);
+    }
+
+    #[test]
+    fn a_store_file_that_cannot_be_opened_is_refused_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: no open for writing succeeds, even as root.
+        std::fs::create_dir(dir.path().join(STORE_FILE)).unwrap();
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(matches!(e, StoreError::Unreadable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(STORE_FILE) && msg.contains("move it aside") && msg.contains("new node"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_database_without_a_roster_identity_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STORE_FILE);
+        drop(Database::create(&path).unwrap());
+        let e = Store::open(dir.path(), ReplicaId(1), 1_000).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Corrupt { why, .. } if why.contains("no roster identity")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_new_store_appears_under_its_name_only_when_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, loaded) = Store::open(dir.path(), ReplicaId(5), 1_000).unwrap();
+        assert!(loaded.fresh);
+        assert_eq!(store.path(), dir.path().join(STORE_FILE));
+        assert_eq!(entries(dir.path()), vec![STORE_FILE.to_string()]);
+        drop(store);
+        let (_, again) = Store::open(dir.path(), ReplicaId(6), 2_000).unwrap();
+        assert!(!again.fresh);
+        assert_eq!(again.replica.id(), ReplicaId(5));
+    }
+
+    #[cfg(unix)]
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_new_data_dir_and_its_store_are_for_the_owner_only() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a").join("b");
+        let (store, loaded) = Store::open(&dir, ReplicaId(1), 1_000).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join(STORE_FILE)), 0o600);
+        assert_eq!(mode(&root.path().join("a")), 0o700);
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        drop(store);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_open_data_dir_is_warned_about_and_an_open_store_file_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), ReplicaId(1), 1_000).unwrap());
+        let file = dir.path().join(STORE_FILE);
+        // As an older roster left them.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (_, loaded) = Store::open(dir.path(), ReplicaId(1), 2_000).unwrap();
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(dir.path()), 0o755, "the directory is the user's to change");
+        let all = loaded.warnings.join("\n");
+        assert!(
+            all.contains(&format!("chmod 700 {}", dir.path().display())) && all.contains("now 600"),
+            "{all}"
+        );
+    }
+
+    fn rec(instance: &str) -> OwnedRecord {
+        OwnedRecord {
+            service: "web".into(),
+            instance: instance.into(),
+            address: "127.0.0.1:80".into(),
+            meta: Vec::new(),
+            lease_ttl_ms: 30_000,
+            registered_at_ms: 1_000,
+            expires_at_ms: None,
+        }
+    }
+
+    /// Polls `f` every 20 ms for up to 10 s (the first reopen comes after about a second).
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "not within 10 s: {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn after_a_failed_write_the_store_refuses_writes_then_reopens_by_itself_once_the_disk_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = disk::Faults::default();
+        let (store, _) = Store::open_with(dir.path(), ReplicaId(3), 1_000, faults.clone()).unwrap();
+        store.put_owned(&rec("a"), 0).unwrap();
+        assert_eq!(store.health(), None);
+
+        faults
+            .fail_writes
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = store.put_owned(&rec("b"), 0).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, StoreError::Unwritable { .. }), "{msg}");
+        assert!(
+            msg.contains(&store.path().display().to_string())
+                && msg.contains("No space left on device")
+                && msg.contains("nothing was saved")
+                && msg.contains("free space and permissions"),
+            "{msg}"
+        );
+        let h = store.health().unwrap();
+        assert!(h.last_error.contains("No space left on device"), "{h:?}");
+        assert_eq!(h.failures, 1);
+        // Refused at once until the backoff passes, with the first error, not redb's
+        // "Previous I/O error occurred".
+        let again = store.remove_owned("web", "a", 2_000).unwrap_err().to_string();
+        assert!(again.contains("No space left on device"), "{again}");
+
+        // Space is back: the store reopens on its own and writes again.
+        faults
+            .fail_writes
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        eventually("the store reopens", || store.reopen_if_due() == Some(true));
+        store.put_owned(&rec("c"), 0).unwrap();
+        assert_eq!(store.health(), None);
+        drop(store);
+
+        // What was acknowledged is there; what failed is not.
+        let (_, loaded) = Store::open(dir.path(), ReplicaId(9), 3_000).unwrap();
+        let mut owned: Vec<String> = loaded.owned.iter().map(|r| r.instance.clone()).collect();
+        owned.sort();
+        assert_eq!(owned, vec!["a".to_string(), "c".to_string()]);
+        assert_eq!(loaded.replica.id(), ReplicaId(3));
+    }
+
+    #[test]
+    fn a_store_that_still_cannot_write_stays_degraded_and_backs_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = disk::Faults::default();
+        let (store, _) = Store::open_with(dir.path(), ReplicaId(3), 1_000, faults.clone()).unwrap();
+        faults
+            .fail_writes
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        store.set_last_run("sync", 5).unwrap_err();
+        let first = store.health().unwrap();
+        // Each attempt (a reopen, or a write once reopened) fails and waits longer.
+        eventually("a second failure", || {
+            let _ = store.reopen_if_due();
+            let _ = store.set_last_run("sync", 5);
+            store.health().is_some_and(|h| h.failures >= 2)
+        });
+        let second = store.health().unwrap();
+        assert_eq!(second.since_ms, first.since_ms);
+        assert!(
+            second.next_retry_ms - first.since_ms > first.next_retry_ms - first.since_ms,
+            "the second wait is longer: {first:?} then {second:?}"
         );
     }
 

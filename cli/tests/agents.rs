@@ -35,6 +35,11 @@ impl Agent {
     }
 
     fn start_on(dir: &Path, name: &str, listen: &str, extra: &[&str]) -> Agent {
+        Self::start_with_log(dir, name, listen, extra, None)
+    }
+
+    /// As [`Agent::start_on`], its log (stderr) written to `log` when given.
+    fn start_with_log(dir: &Path, name: &str, listen: &str, extra: &[&str], log: Option<&Path>) -> Agent {
         let mut cmd = Command::new(BIN);
         cmd.args([
             "agent",
@@ -54,7 +59,10 @@ impl Agent {
             .env_remove("ROSTER_AGENT")
             .env("ROSTER_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(match log {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            });
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -1048,6 +1056,54 @@ fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
     );
 }
 
+/// Runs `roster agent` on `dir`, which should refuse to start: its output, or `None` when
+/// it was still running after `limit` (then it is killed by its pid).
+fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env_remove("ROSTER_AGENT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn an_empty_store_file_is_refused_at_start_and_never_becomes_a_new_node() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("roster.redb");
+    std::fs::write(&file, b"").unwrap();
+    let out = agent_refusal(&dir, Duration::from_secs(10))
+        .expect("the agent started on an empty roster.redb as a new node instead of refusing it");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&file.display().to_string())
+            && err.contains("empty")
+            && err.contains("move it aside")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        0,
+        "the file was left as it was"
+    );
+}
+
 #[test]
 fn status_members_explain_and_sync_answer_in_json() {
     let root = tempfile::tempdir().unwrap();
@@ -1563,4 +1619,123 @@ fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
     assert!(repetitive.contains("2 distinct byte values"), "{repetitive}");
     let strong = warnings("strong", STRONG_SECRET);
     assert!(!strong.contains("cluster secret"), "{strong}");
+}
+
+/// A small tmpfs mounted for one test (Linux, as root), unmounted when dropped.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// `None` when this process cannot mount one (not root).
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).unwrap();
+        let uid = Command::new("id").arg("-u").output().ok()?;
+        if text(&uid.stdout) != "0" {
+            return None;
+        }
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs failed as root");
+        Some(SmallDisk {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Fills the disk with one file; returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0x42u8; 64 * 1024];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // And the last few bytes.
+        while let Ok(1..) = f.write(&[0x42]) {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_once_space_is_freed() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(disk) = SmallDisk::mount(&root.path().join("disk"), "4m") else {
+        eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+        return;
+    };
+    // Declared after the disk, so the agent is killed before the disk is unmounted. Its
+    // log is kept off the small disk.
+    let log = root.path().join("a.log");
+    let a = Agent::start_with_log(&disk.dir.join("a"), "a", "127.0.0.1:0", &[], Some(&log));
+    assert!(a
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
+        .status
+        .success());
+    assert!(a
+        .roster(&["register", "batch", "127.0.0.1:1", "--ttl", "2s"])
+        .status
+        .success());
+
+    let filler = disk.fill();
+    let out = a.roster(&["register", "web", "127.0.0.1:81", "--id", "w2"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("roster.redb cannot be written")
+            && err.contains("No space left on device")
+            && err.contains("check the free space")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let ids = |a: &Agent| -> Vec<String> {
+        a.instances("web")
+            .iter()
+            .map(|i| i["instance"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&a), vec!["w1"], "what was not saved is not registered");
+    let out = a.roster(&["deregister", "web", "w1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(ids(&a), vec!["w1"], "what was not saved is not deregistered");
+    within(
+        Duration::from_secs(10),
+        "a registration whose ttl passed is gone though its removal cannot be saved",
+        || a.instances("batch").is_empty(),
+    );
+    // Time for a retry loop to show in the log, if there were one (it warned every 250 ms).
+    // Expected: the warning without a secret, one that the disk cannot be written, one for
+    // the passed ttl, and at most one more if a reopen fails with another error.
+    std::thread::sleep(Duration::from_secs(2));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let lines = |what: &str| logged.lines().filter(|l| l.contains(what)).count();
+    assert!(
+        lines("batch") <= 2 && (1..=3).contains(&lines("cannot be written")) && lines(" WARN ") <= 4,
+        "the log says it once, not on every retry:\n{logged}"
+    );
+
+    // Space is freed: the same agent process writes again, no restart.
+    std::fs::remove_file(filler).unwrap();
+    within(Duration::from_secs(15), "a register works again", || {
+        a.roster(&["register", "web", "127.0.0.1:81", "--id", "w2"])
+            .status
+            .success()
+    });
+    assert!(a.roster(&["deregister", "web", "w1"]).status.success());
+    assert_eq!(ids(&a), vec!["w2"]);
+    drop(a);
 }
