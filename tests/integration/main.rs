@@ -27,6 +27,9 @@ mod transport_sim;
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
 
+/// Real nodes at the edges of their links: silent links found dead and redialed.
+mod transport_links;
+
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 

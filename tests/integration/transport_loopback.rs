@@ -29,18 +29,18 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-const SECRET: &str = "loopback test secret, 32 bytes..";
-const CLUSTER: &str = "loopback";
+pub(super) const SECRET: &str = "loopback test secret, 32 bytes..";
+pub(super) const CLUSTER: &str = "loopback";
 /// How long any wait may take before the test fails; conditions usually hold in well
 /// under a second.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(super) const PATIENCE: Duration = Duration::from_secs(20);
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// A configuration with short intervals, so a test takes seconds.
-fn config(name: &str, secret: Option<&str>) -> DriverConfig {
+pub(super) fn config(name: &str, secret: Option<&str>) -> DriverConfig {
     let mut c = DriverConfig::new(CLUSTER, name);
     c.secret = secret.map(|s| Secret::new(s).unwrap());
     c.protocol = Config {
@@ -74,7 +74,7 @@ async fn start_with(replica: Replica, config: DriverConfig, seeds: &[&Handle]) -
 }
 
 /// Waits until `cond` holds, polling; fails the test after [`PATIENCE`].
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
         assert!(
@@ -85,13 +85,13 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+pub(super) async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     timeout(PATIENCE, f)
         .await
         .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?}: {what}"))
 }
 
-fn shows(node: &Handle, service: &str, provider: &str) -> bool {
+pub(super) fn shows(node: &Handle, service: &str, provider: &str) -> bool {
     let service = ServiceName::new(service).unwrap();
     let replica = node.replica();
     let found = replica
@@ -100,14 +100,14 @@ fn shows(node: &Handle, service: &str, provider: &str) -> bool {
     found
 }
 
-fn members(node: &Handle) -> usize {
+pub(super) fn members(node: &Handle) -> usize {
     let service = ServiceName::new(MEMBERS_SERVICE).unwrap();
     let replica = node.replica();
     let count = replica.instances(&service, now_ms()).count();
     count
 }
 
-async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: Duration) {
+pub(super) async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: Duration) {
     node.register(
         ServiceName::new(service).unwrap(),
         ProviderId::new(provider).unwrap(),
@@ -119,7 +119,7 @@ async fn register(node: &Handle, service: &str, provider: &str, port: u16, ttl: 
     .unwrap();
 }
 
-async fn shutdown_all(nodes: &[&Handle]) {
+pub(super) async fn shutdown_all(nodes: &[&Handle]) {
     for n in nodes {
         within("a node to shut down", n.shutdown()).await;
         assert!(n.is_stopped());

@@ -15,7 +15,8 @@
 //! connection (in messages and in bytes), and entries per delta (checked by
 //! [`crate::message::decode_delta`]). Going over a limit closes that connection with a
 //! reason, counts it ([`DriverCounters`]) and logs it; the node and its replica are
-//! untouched.
+//! untouched. A connection on which nothing arrived for [`Limits::dead_after`] (a quiet one
+//! is pinged first) is closed as dead, so a silent partition frees its slot.
 //!
 //! Messages larger than a frame (a full state of a large registry, say) cross in chunks:
 //! after the handshake, each binary WebSocket message starts with a tag byte, `0x00` for a
@@ -39,6 +40,7 @@
 mod chunk;
 mod conn;
 mod limits;
+mod liveness;
 mod node;
 mod tls;
 

@@ -19,8 +19,8 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 
 use super::chunk::{self, ChunkError, Reassembler, Step};
 use super::limits::{bump, Counts, Limits, TokenBucket};
+use super::liveness::{Check, Liveness};
 use super::now_ms;
 use super::tls::{self, Tls};
 use crate::backoff::Failure;
@@ -858,6 +859,9 @@ enum End {
     RateLimited,
     /// The node task cut it (see [`Cut`]) or the shutdown deadline passed.
     Killed,
+    /// Nothing arrived for this long (`dead_after`), pings unanswered: the peer or the path
+    /// to it is gone without a word.
+    Dead(Duration),
 }
 
 /// Runs an authenticated connection until either side closes it.
@@ -885,10 +889,13 @@ async fn run<S>(
         return;
     }
     let (mut sink, mut stream) = ws.split();
+    let live = std::sync::Mutex::new(Liveness::new(&shared.limits, outbound, Instant::now()));
+    let ping = PingSignal::default();
     let end = tokio::select! {
         () = kill.cancelled() => End::Killed,
-        end = read_loop(&mut stream, conn, &shared) => end,
-        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts) => end,
+        end = read_loop(&mut stream, conn, &shared, &live) => end,
+        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts, &ping) => end,
+        silent = keepalive(&live, &ping) => End::Dead(silent),
     };
     let node = shared.node();
     let c = &shared.counts;
@@ -935,14 +942,28 @@ async fn run<S>(
             };
             (Some(close_frame(code, &r)), r)
         }
+        End::Dead(silent) => {
+            bump(&c.dead_links);
+            let r = format!(
+                "nothing arrived for {silent:?}, pings unanswered (dead_after {:?}); redialing",
+                limits.dead_after
+            );
+            (None, r)
+        }
     };
     match &end {
-        End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::RateLimited | End::Killed => {
+        End::Oversize { .. }
+        | End::Chunk(_)
+        | End::Malformed(_)
+        | End::RateLimited
+        | End::Killed
+        | End::Dead(_) => {
             warn!(node, peer = %who, conn, "closed the connection: {reason}")
         }
         End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
     }
-    let linger = !matches!(end, End::Failed(_)) && !shared.abort.is_cancelled();
+    // A dead link would only hold the close for the linger: nothing answers on it.
+    let linger = !matches!(end, End::Failed(_) | End::Dead(_)) && !shared.abort.is_cancelled();
     if linger {
         let closing = async {
             match frame {
@@ -967,9 +988,72 @@ async fn run<S>(
 type WsRead<S> = SplitStream<WebSocketStream<S>>;
 type WsWrite<S> = SplitSink<WebSocketStream<S>, WsMessage>;
 
+/// The keepalive's request for a ping, to the writer: sent when it is idle, or between two
+/// chunks of a long message (a peer receiving a large state still answers, in order).
+#[derive(Debug, Default)]
+struct PingSignal {
+    pending: AtomicBool,
+    wake: Notify,
+}
+
+impl PingSignal {
+    fn ask(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> bool {
+        self.pending.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// Sends a ping if one was asked for.
+async fn ping_if_asked<S>(sink: &mut WsWrite<S>, ping: &PingSignal, counts: &Counts) -> Result<(), WsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if ping.take() {
+        bump(&counts.pings_sent);
+        sink.send(WsMessage::Ping(Default::default())).await?;
+    }
+    Ok(())
+}
+
+/// Pings the peer when the connection has been quiet, and returns how long it was silent
+/// when it is dead (see [`super::liveness`]).
+async fn keepalive(live: &std::sync::Mutex<Liveness>, ping: &PingSignal) -> Duration {
+    loop {
+        let check = match live.lock() {
+            Ok(mut l) => l.check(Instant::now()),
+            Err(poisoned) => poisoned.into_inner().check(Instant::now()),
+        };
+        match check {
+            Check::Dead(silent) => return silent,
+            Check::Ping(next) => {
+                ping.ask();
+                tokio::time::sleep_until(next).await;
+            }
+            Check::Wait(next) => tokio::time::sleep_until(next).await,
+        }
+    }
+}
+
+/// Notes that something arrived on the connection.
+fn heard(live: &std::sync::Mutex<Liveness>) {
+    match live.lock() {
+        Ok(mut l) => l.heard(Instant::now()),
+        Err(poisoned) => poisoned.into_inner().heard(Instant::now()),
+    }
+}
+
 /// Reads frames, rate-limited, puts chunked messages back together, and hands decoded
-/// envelopes to the node task.
-async fn read_loop<S>(stream: &mut WsRead<S>, conn: ConnId, shared: &Shared) -> End
+/// envelopes to the node task. Every frame (pongs too) is a sign of life.
+async fn read_loop<S>(
+    stream: &mut WsRead<S>,
+    conn: ConnId,
+    shared: &Shared,
+    live: &std::sync::Mutex<Liveness>,
+) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -985,6 +1069,7 @@ where
             Some(Err(e)) => return End::Failed(e.to_string()),
             Some(Ok(m)) => m,
         };
+        heard(live);
         // A chunk of a message being received may ride on the token its first chunk paid.
         let free = matches!(&msg, WsMessage::Binary(b) if chunks.rides_free(b));
         if let WsMessage::Binary(b) = &msg {
@@ -1025,23 +1110,39 @@ where
 }
 
 /// Writes what the node task queues, each message in chunks of at most `frame` bytes,
-/// batching what is already waiting into one flush.
+/// batching what is already waiting into one flush; and a ping when `ping` says.
 async fn write_loop<S>(
     sink: &mut WsWrite<S>,
     rx: &mut mpsc::Receiver<Outgoing>,
     link: &Link,
     frame: usize,
     counts: &Counts,
+    ping: &PingSignal,
 ) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            out = rx.recv() => match out {
+                Some(out) => out,
+                None => break,
+            },
+            () = ping.wake.notified() => {
+                if let Err(e) = ping_if_asked(sink, ping, counts).await {
+                    return End::Failed(e.to_string());
+                }
+                continue;
+            }
+        };
         let mut next = Some(first);
         while let Some(out) = next.take() {
             match out {
                 Outgoing::Message(bytes) => {
                     for chunk in chunk::split(&bytes, frame) {
+                        if let Err(e) = ping_if_asked(sink, ping, counts).await {
+                            return End::Failed(e.to_string());
+                        }
                         bump(&counts.frames_sent);
                         counts.bytes_sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         if let Err(e) = sink.feed(WsMessage::binary(chunk)).await {

@@ -49,6 +49,14 @@ pub struct Limits {
     pub peer_accepts_per_second: u32,
     /// Peer connections one address may open in a burst above the average.
     pub peer_accept_burst: u32,
+    /// A connection on which nothing arrived for this long gets a WebSocket ping (from the
+    /// side that dialed it; the side that accepted it waits twice as long), so a quiet link
+    /// proves it is alive.
+    pub ping_after: Duration,
+    /// A connection on which nothing (no frame, no pong) arrived for this long is closed as
+    /// dead, and its slot is redialed: a silent partition drops packets without closing
+    /// anything. More than twice `ping_after`.
+    pub dead_after: Duration,
 }
 
 impl Default for Limits {
@@ -65,6 +73,8 @@ impl Default for Limits {
             shutdown_deadline: Duration::from_secs(2),
             peer_accepts_per_second: 5,
             peer_accept_burst: 20,
+            ping_after: Duration::from_secs(2),
+            dead_after: Duration::from_secs(6),
         }
     }
 }
@@ -90,6 +100,13 @@ impl Limits {
                 "send_queue_bytes ({}) must be at least max_envelope_bytes ({}), or a message \
                  of that size could never be queued",
                 self.send_queue_bytes, self.max_envelope_bytes
+            ));
+        }
+        if self.ping_after.is_zero() || self.dead_after <= self.ping_after.saturating_mul(2) {
+            return Err(format!(
+                "dead_after ({:?}) must be more than twice ping_after ({:?}), which must not be \
+                 zero, or a quiet link would be closed before either side pinged it",
+                self.dead_after, self.ping_after
             ));
         }
         Ok(())
@@ -136,6 +153,10 @@ pub struct DriverCounters {
     pub frames_received: u64,
     /// Bytes of those frames (payload).
     pub bytes_received: u64,
+    /// WebSocket pings sent on quiet connections.
+    pub pings_sent: u64,
+    /// Connections closed because nothing arrived on them for `dead_after`.
+    pub dead_links: u64,
 }
 
 /// The live counters, shared by the driver's tasks.
@@ -158,6 +179,8 @@ pub(super) struct Counts {
     pub bytes_sent: AtomicU64,
     pub frames_received: AtomicU64,
     pub bytes_received: AtomicU64,
+    pub pings_sent: AtomicU64,
+    pub dead_links: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -186,6 +209,8 @@ impl Counts {
             bytes_sent: g(&self.bytes_sent),
             frames_received: g(&self.frames_received),
             bytes_received: g(&self.bytes_received),
+            pings_sent: g(&self.pings_sent),
+            dead_links: g(&self.dead_links),
         }
     }
 }
@@ -248,6 +273,11 @@ mod tests {
             ..Limits::default()
         };
         assert!(starved.check().unwrap_err().contains("send_queue_bytes"));
+        let hasty = Limits {
+            dead_after: Duration::from_secs(4),
+            ..Limits::default()
+        };
+        assert!(hasty.check().unwrap_err().contains("dead_after"));
     }
 
     #[test]
