@@ -27,7 +27,8 @@ mod transport_sim;
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
 
-/// Real nodes at the edges of their links: silent links found dead and redialed.
+/// Real nodes at the edges of their links: silent links found dead and redialed, and
+/// connections that never authenticate kept to a few per address.
 mod transport_links;
 
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.

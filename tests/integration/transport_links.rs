@@ -1,5 +1,6 @@
 //! Real nodes over loopback, at the edges of their links: a link that goes silent (packets
-//! dropped, no FIN) is found dead and its slot redialed.
+//! dropped, no FIN) is found dead and its slot redialed; connections from one address that
+//! never authenticate leave the inbound slots to others.
 //!
 //! A user-space TCP proxy stands in for a network that drops everything: it keeps both
 //! sockets open and stops forwarding either way. Every wait is bounded and generous; every
@@ -11,11 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use roster_registry::{Replica, ReplicaId};
-use roster_transport::driver::{self, DriverConfig, Handle};
+use roster_transport::driver::{self, ClientConn, DriverConfig, Handle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
+use tokio_tungstenite::tungstenite::http::Uri;
 use tokio_util::sync::CancellationToken;
 
 use super::transport_loopback::{config, eventually, members, register, shows, shutdown_all, SECRET};
@@ -162,4 +166,65 @@ async fn a_link_that_goes_silent_is_closed_and_its_slot_redialed_around_the_cut(
     assert!(a.counters().protocol.dials > dials, "A redialed");
     shutdown_all(&[&a, &b]).await;
     drop(proxy);
+}
+
+/// Opens a WebSocket from `from` with `subprotocol`; `None` when the node does not take it.
+async fn upgrade_from(from: &str, node: &Handle, subprotocol: &str) -> Option<impl Sized> {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let tcp = socket.connect(node.local_addr()).await.ok()?;
+    let uri: Uri = node.info().url.parse().unwrap();
+    let request = ClientRequestBuilder::new(uri).with_sub_protocol(subprotocol);
+    let ws = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio_tungstenite::client_async(request, tcp),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(ws.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_connections_that_never_authenticate_from_one_address_leave_room_for_peers_and_clients() {
+    // The application holds every client connection it is handed and never says one
+    // authenticated: the worst client of all, from 127.0.0.2.
+    let (tx, mut rx) = mpsc::channel::<ClientConn>(256);
+    let mut acfg = config("a", Some(SECRET));
+    acfg.clients = Some(tx);
+    let a = start_at(1, acfg, vec![]).await;
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(c) = rx.recv().await {
+            held.push(c);
+        }
+        held
+    });
+    let mut attackers = Vec::new();
+    for _ in 0..70 {
+        if let Some(ws) = upgrade_from("127.0.0.2", &a, "roster.client.v1").await {
+            attackers.push(ws);
+        }
+    }
+    let cap = driver::Limits::default().max_unauthenticated_per_address;
+    assert_eq!(attackers.len(), cap, "one address holds at most its cap");
+    assert!(a.counters().driver.unauthenticated_over_cap >= (70 - cap) as u64);
+
+    // A peer from another address joins, and a client from it is handed over.
+    let b = start_at(2, config("b", Some(SECRET)), vec![a.info().url.clone()]).await;
+    eventually("B to join A despite the 70", || {
+        members(&a) == 2 && members(&b) == 2
+    })
+    .await;
+    assert!(
+        upgrade_from("127.0.0.1", &a, "roster.client.v1").await.is_some(),
+        "a client from another address gets in"
+    );
+    eventually("the client to be handed over", || {
+        a.counters().driver.clients_accepted > cap as u64
+    })
+    .await;
+    shutdown_all(&[&a, &b]).await;
+    drop(attackers);
+    held.abort();
 }

@@ -5,7 +5,8 @@
 //! - one **node task** owns the [`Node`]: it feeds it connection events, the handle's
 //!   commands and timeouts, and carries out its outputs (sends, dials, closes, events);
 //! - an **accept task** takes inbound TCP connections (up to `max_inbound`, counted before
-//!   the handshake);
+//!   the handshake, and up to `max_unauthenticated_per_address` not yet authenticated from
+//!   one address);
 //! - one task per **connection** (inbound, or dialed when the node says `Dial`) does the
 //!   WebSocket upgrade (subprotocol `roster.v1`), the [`crate::handshake`], then moves
 //!   frames both ways. The per-connection code is generic over the byte stream.
@@ -14,9 +15,10 @@
 //! time, inbound connections, frames per second per connection, the send queue per
 //! connection (in messages and in bytes), and entries per delta (checked by
 //! [`crate::message::decode_delta`]). Going over a limit closes that connection with a
-//! reason, counts it ([`DriverCounters`]) and logs it; the node and its replica are
-//! untouched. A connection on which nothing arrived for [`Limits::dead_after`] (a quiet one
-//! is pinged first) is closed as dead, so a silent partition frees its slot.
+//! reason, counts it ([`DriverCounters`]) and logs it (refusals from one address once a
+//! minute); the node and its replica are untouched. A connection on which nothing arrived
+//! for [`Limits::dead_after`] (a quiet one is pinged first) is closed as dead, so a silent
+//! partition frees its slot.
 //!
 //! Messages larger than a frame (a full state of a large registry, say) cross in chunks:
 //! after the handshake, each binary WebSocket message starts with a tag byte, `0x00` for a
@@ -37,6 +39,7 @@
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
 
+mod admit;
 mod chunk;
 mod conn;
 mod limits;
@@ -355,20 +358,39 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
                 }
             }
         };
+        // Repeated refusals from one address make one log line a minute.
+        let gated = |shared: &Shared| shared.log_gate.admit(addr.ip(), tokio::time::Instant::now());
+        let max_pending = shared.limits.max_unauthenticated_per_address;
+        let Some(pending) = shared.unauthenticated.admit(addr.ip(), max_pending) else {
+            limits::bump(&shared.counts.unauthenticated_over_cap);
+            if let Some(n) = gated(&shared) {
+                warn!(
+                    node,
+                    peer = %addr,
+                    "dropped an inbound connection: {max_pending} from that address are not \
+                     authenticated yet (max_unauthenticated_per_address; {n} more refusals from \
+                     it in the last minute not logged)"
+                );
+            }
+            continue;
+        };
         if inbound.load(std::sync::atomic::Ordering::Relaxed) >= shared.max_inbound {
             limits::bump(&shared.counts.inbound_over_cap);
-            warn!(
-                node,
-                peer = %addr,
-                "dropped an inbound connection: {} already open (max_inbound)",
-                shared.max_inbound
-            );
+            if let Some(n) = gated(&shared) {
+                warn!(
+                    node,
+                    peer = %addr,
+                    "dropped an inbound connection: {} already open (max_inbound; {n} more \
+                     refusals from that address in the last minute not logged)",
+                    shared.max_inbound
+                );
+            }
             continue;
         }
         limits::bump(&shared.counts.inbound_accepted);
         let _ = tcp.set_nodelay(true);
         let guard = InboundGuard::new(Arc::clone(&inbound));
-        tracker.spawn(conn::inbound(tcp, addr, Arc::clone(&shared), guard).in_current_span());
+        tracker.spawn(conn::inbound(tcp, addr, Arc::clone(&shared), guard, pending).in_current_span());
     }
     info!(node, "stopped accepting connections");
 }
