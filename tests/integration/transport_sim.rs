@@ -422,3 +422,36 @@ fn nodes_that_joined_through_a_seed_move_off_it_once_they_know_other_members() {
     );
     assert!(sim.converged(), "the cluster did not converge (seed {seed})");
 }
+
+/// `poll_timeout` left out the timer that dials peers lost behind a partition, so a driver
+/// that slept until it could miss it by up to the other timers' spacing.
+#[test]
+fn poll_timeout_covers_the_redial_of_lost_peers() {
+    use roster_registry::{Replica, ReplicaId};
+    use roster_transport::proto::{Node, NodeInfo};
+    let long = 3_600_000;
+    let cfg = Config {
+        gossip_interval_ms: long,
+        digest_interval_ms: long,
+        rotate_interval_ms: long,
+        member_lease_ttl_ms: long,
+        reconnect_interval_ms: 1_000,
+        ..config()
+    };
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: "ws://10.0.0.1:7420".into(),
+    };
+    let t0 = 1_700_000_000_000;
+    let mut node = Node::new(me, Replica::new(ReplicaId(1)), Vec::<String>::new(), cfg, 7, t0).unwrap();
+    // The first renewal and its push, at once.
+    while node.poll_timeout() < t0 + 100 {
+        node.handle_timeout(node.poll_timeout());
+    }
+    assert_eq!(
+        node.poll_timeout(),
+        t0 + 1_000,
+        "the next deadline is the redial's"
+    );
+}

@@ -876,12 +876,13 @@ impl Node {
         self.outputs.pop_front()
     }
 
-    /// When [`Node::handle_timeout`] should next be called.
+    /// When [`Node::handle_timeout`] should next be called: the earliest deadline it serves.
     pub fn poll_timeout(&self) -> u64 {
         let mut t = self
             .gossip_at
             .min(self.digest_at)
             .min(self.renew_at)
+            .min(self.reconnect_at)
             .min(self.rotate_at);
         if let Some(p) = self.push_at {
             t = t.min(p);
