@@ -86,6 +86,33 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The two clocks the state machine takes: a monotonic one (tokio's, which tests may pause)
+/// for its timers, counted from the wall time at start so both read alike until the wall
+/// clock steps; and the wall clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clocks {
+    start: tokio::time::Instant,
+    start_wall_ms: u64,
+}
+
+impl Clocks {
+    pub(crate) fn start() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            start_wall_ms: now_ms(),
+        }
+    }
+
+    /// Both clocks now.
+    pub(crate) fn now(&self) -> proto::Now {
+        let ran = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        proto::Now {
+            mono_ms: self.start_wall_ms.saturating_add(ran),
+            wall_ms: now_ms(),
+        }
+    }
+}
+
 /// How to run a node.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -251,13 +278,14 @@ pub fn start(
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
     let guarded = config.resume.crash_guard;
+    let clocks = Clocks::start();
     let (node, resumed) = Node::with_resume(
         info.clone(),
         replica,
         seeds,
         config.protocol,
         seed,
-        now_ms(),
+        clocks.now(),
         config.resume,
     )?;
     if resumed.rewritten + resumed.refused + resumed.removed > 0 || resumed.gap > 0 {
@@ -307,6 +335,7 @@ pub fn start(
     tracker.spawn(accept_loop(listener, Arc::clone(&shared), tracker.clone()).instrument(span.clone()));
     let task = NodeTask::new(
         node,
+        clocks,
         Arc::clone(&shared),
         tracker,
         commands_rx,
