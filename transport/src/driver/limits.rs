@@ -116,6 +116,13 @@ impl Limits {
                 self.send_queue_bytes, self.max_envelope_bytes
             ));
         }
+        if self.max_unauthenticated_per_address == 0 {
+            return Err(
+                "max_unauthenticated_per_address must be at least 1, or no peer or client could \
+                 ever connect"
+                    .to_string(),
+            );
+        }
         if self.ping_after.is_zero() || self.dead_after <= self.ping_after.saturating_mul(2) {
             return Err(format!(
                 "dead_after ({:?}) must be more than twice ping_after ({:?}), which must not be \
@@ -301,6 +308,14 @@ mod tests {
             ..Limits::default()
         };
         assert!(hasty.check().unwrap_err().contains("dead_after"));
+        let closed = Limits {
+            max_unauthenticated_per_address: 0,
+            ..Limits::default()
+        };
+        assert!(closed
+            .check()
+            .unwrap_err()
+            .contains("max_unauthenticated_per_address"));
     }
 
     #[test]
