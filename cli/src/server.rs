@@ -146,20 +146,25 @@ async fn serve(node: Node, conn: ClientConn, cancel: CancellationToken) {
     let loopback = conn.peer.ip().is_loopback();
     let peer = conn.peer;
     let mut conn = conn;
-    let ws = &mut conn.ws;
-    let request = match tokio::time::timeout(REQUEST_TIMEOUT, open(&node, ws, loopback)).await {
-        Ok(Ok(r)) => r,
+    let request = match tokio::time::timeout(REQUEST_TIMEOUT, open(&node, &mut conn.ws, loopback)).await {
+        Ok(Ok(r)) => {
+            // Its proof (or, where none is asked, its first request) is in: it no longer
+            // counts against its address's cap of unauthenticated connections.
+            conn.authenticated();
+            r
+        }
         Ok(Err(why)) => {
             debug!(%peer, "client refused: {why}");
-            let _ = ws.close(None).await;
+            let _ = conn.ws.close(None).await;
             return;
         }
         Err(_) => {
             debug!(%peer, "client sent no request within {REQUEST_TIMEOUT:?}");
-            let _ = ws.close(None).await;
+            let _ = conn.ws.close(None).await;
             return;
         }
     };
+    let ws = &mut conn.ws;
     let mut request = request;
     loop {
         debug!(%peer, ?request, "client request");

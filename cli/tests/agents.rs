@@ -60,8 +60,8 @@ impl Agent {
             .env("ROSTER_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(match log {
-                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-                None => Stdio::null(),
+                Some(path) => std::fs::File::create(path).unwrap(),
+                None => std::fs::File::create(dir.with_extension("log")).unwrap(),
             });
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -150,6 +150,11 @@ impl Agent {
             Some(1) => Vec::new(),
             other => panic!("roster get: exit {other:?}: {}", text(&out.stderr)),
         }
+    }
+
+    /// What the agent logged so far (its stderr, kept beside its data directory).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
     }
 
     /// Lines the agent printed after its start.
@@ -1738,4 +1743,82 @@ fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_onc
     assert!(a.roster(&["deregister", "web", "w1"]).status.success());
     assert_eq!(ids(&a), vec!["w2"]);
     drop(a);
+}
+
+/// Keeps `n` client connections from `from` to `port` open that never say a word after the
+/// upgrade, opening a new one as each is cut or refused, until `stop` is set.
+fn unauthenticated_clients(
+    from: &'static str,
+    port: u16,
+    n: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use futures_util::StreamExt;
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                let stop = std::sync::Arc::clone(&stop);
+                tasks.spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+                        let Ok(tcp) = socket.connect(([127, 0, 0, 1], port).into()).await else {
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                            continue;
+                        };
+                        let request = tokio_tungstenite::tungstenite::client::ClientRequestBuilder::new(
+                            format!("ws://127.0.0.1:{port}").parse().unwrap(),
+                        )
+                        .with_sub_protocol("roster.client.v1");
+                        match tokio_tungstenite::client_async(request, tcp).await {
+                            // Silent until the agent gives up on it.
+                            Ok((mut ws, _)) => while let Some(Ok(_)) = ws.next().await {},
+                            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                        }
+                    }
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        });
+    })
+}
+
+/// 70 client connections from one address that never authenticated took all 64 inbound
+/// slots, shutting out the local CLI and a peer, and made 3,900 WARN lines in 14 s. Now an
+/// address holds a few such connections at most, and its refusals make a line a minute.
+#[test]
+fn unauthenticated_connections_from_one_address_leave_room_for_the_cli_and_peers_and_log_little() {
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let a = Agent::start(&root.join("a"), "a", &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = unauthenticated_clients("127.0.0.2", a.port, 70, std::sync::Arc::clone(&stop));
+    // Let the attack take what it can, and outlast the agent's 5 s wait for a request.
+    std::thread::sleep(Duration::from_secs(6));
+    let out = a.roster(&["status"]);
+    assert!(
+        out.status.success(),
+        "the local CLI is served: {}",
+        text(&out.stderr)
+    );
+    let b = Agent::start(&root.join("b"), "b", &["--join", &a.url]);
+    within(Duration::from_secs(20), "a peer to join despite the 70", || {
+        a.json(&["members"]).as_array().unwrap().len() == 2
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    attack.join().unwrap();
+    let log = a.log();
+    let about: Vec<&str> = log.lines().filter(|l| l.contains("127.0.0.2")).collect();
+    assert!(!about.is_empty(), "the refusals are logged: {log}");
+    assert!(
+        about.len() <= 3,
+        "{} lines about one address: {about:#?}",
+        about.len()
+    );
+    drop(b);
 }

@@ -34,6 +34,10 @@ mod transport_loopback;
 /// owner's registrations.
 mod hostile_peer;
 
+/// Real nodes at the edges of their links: silent links found dead and redialed, and
+/// connections that never authenticate kept to a few per address.
+mod transport_links;
+
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 

@@ -33,7 +33,7 @@ pub(crate) const SECRET: &str = "loopback test secret, 32 bytes..";
 pub(crate) const CLUSTER: &str = "loopback";
 /// How long any wait may take before the test fails; conditions usually hold in well
 /// under a second.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(super) const PATIENCE: Duration = Duration::from_secs(20);
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -85,7 +85,7 @@ pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+pub(super) async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     timeout(PATIENCE, f)
         .await
         .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?}: {what}"))

@@ -422,3 +422,92 @@ fn nodes_that_joined_through_a_seed_move_off_it_once_they_know_other_members() {
     );
     assert!(sim.converged(), "the cluster did not converge (seed {seed})");
 }
+
+/// A wall clock that stepped back (an NTP step, a bad RTC) stalled every timer of its node
+/// until the clock caught up: no gossip and no renewal, so after a lease its peers saw it
+/// gone. Timers run on the monotonic clock now, and the node's wall time does not go back:
+/// a machine whose wall clock steps back an hour, and later forward again, keeps
+/// renewing, its peers see it live at every second, and its writes reach them.
+#[test]
+fn a_node_whose_wall_clock_steps_back_an_hour_and_forward_again_keeps_renewing_and_its_writes_reach_peers() {
+    let seed = sim_seed("wall_clock_steps");
+    let n = 4;
+    let stepped = 1;
+    let hour: i64 = 3_600_000;
+    let mut sim = Sim::new(n, config(), Faults::NONE, seed);
+    let all_know = |sim: &Sim| {
+        sim.running()
+            .iter()
+            .all(|&i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1)
+    };
+    assert!(
+        settle(&mut sim, 60, all_know).is_some(),
+        "membership did not converge (seed {seed})"
+    );
+    let id = sim.node(stepped).unwrap().info().id;
+    let peers_see_it = |sim: &Sim| {
+        (0..n).filter(|&i| i != stepped).all(|i| {
+            sim.node(i)
+                .unwrap()
+                .members(sim.now_ms())
+                .iter()
+                .any(|(m, _, _)| *m == id)
+        })
+    };
+    let lifetimes_s = 3 * config().member_lease_ttl_ms / 1_000;
+    let mut w = Workload::default();
+    for (offset, port) in [(-hour, 7_001), (0, 7_002)] {
+        sim.set_wall_offset(stepped, offset);
+        let sent = sim.traffic(stepped).messages_sent;
+        for s in 0..lifetimes_s {
+            sim.run_for(1_000);
+            assert!(
+                peers_see_it(&sim),
+                "{s} s after its wall clock stepped to {offset} ms, machine {stepped} is gone \
+                 at its peers (seed {seed})"
+            );
+        }
+        assert!(
+            sim.traffic(stepped).messages_sent > sent,
+            "machine {stepped} went quiet (seed {seed})"
+        );
+        w.register(&mut sim, stepped, port);
+        assert!(
+            settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+            "a write made with the wall clock {offset} ms off did not reach every peer (seed {seed})"
+        );
+    }
+}
+
+/// `poll_timeout` left out the timer that dials peers lost behind a partition, so a driver
+/// that slept until it could miss it by up to the other timers' spacing.
+#[test]
+fn poll_timeout_covers_the_redial_of_lost_peers() {
+    use roster_registry::{Replica, ReplicaId};
+    use roster_transport::proto::{Node, NodeInfo};
+    let long = 3_600_000;
+    let cfg = Config {
+        gossip_interval_ms: long,
+        digest_interval_ms: long,
+        rotate_interval_ms: long,
+        member_lease_ttl_ms: long,
+        reconnect_interval_ms: 1_000,
+        ..config()
+    };
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: "ws://10.0.0.1:7420".into(),
+    };
+    let t0 = 1_700_000_000_000;
+    let mut node = Node::new(me, Replica::new(ReplicaId(1)), Vec::<String>::new(), cfg, 7, t0).unwrap();
+    // The first renewal and its push, at once.
+    while node.poll_timeout() < t0 + 100 {
+        node.handle_timeout(node.poll_timeout());
+    }
+    assert_eq!(
+        node.poll_timeout(),
+        t0 + 1_000,
+        "the next deadline is the redial's"
+    );
+}

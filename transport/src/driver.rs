@@ -5,7 +5,8 @@
 //! - one **node task** owns the [`Node`]: it feeds it connection events, the handle's
 //!   commands and timeouts, and carries out its outputs (sends, dials, closes, events);
 //! - an **accept task** takes inbound TCP connections (up to `max_inbound`, counted before
-//!   the handshake);
+//!   the handshake, and up to `max_unauthenticated_per_address` not yet authenticated from
+//!   one address);
 //! - one task per **connection** (inbound, or dialed when the node says `Dial`) does the
 //!   WebSocket upgrade (subprotocol `roster.v1`), the [`crate::handshake`], then moves
 //!   frames both ways. The per-connection code is generic over the byte stream.
@@ -14,8 +15,10 @@
 //! time, inbound connections, frames per second per connection, the send queue per
 //! connection (in messages and in bytes), and entries per delta (checked by
 //! [`crate::message::decode_delta`]). Going over a limit closes that connection with a
-//! reason, counts it ([`DriverCounters`]) and logs it; the node and its replica are
-//! untouched.
+//! reason, counts it ([`DriverCounters`]) and logs it (refusals from one address once a
+//! minute); the node and its replica are untouched. A connection on which nothing arrived
+//! for [`Limits::dead_after`] (a quiet one is pinged first) is closed as dead, so a silent
+//! partition frees its slot.
 //!
 //! Messages larger than a frame (a full state of a large registry, say) cross in chunks:
 //! after the handshake, each binary WebSocket message starts with a tag byte, `0x00` for a
@@ -36,9 +39,11 @@
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
 
+mod admit;
 mod chunk;
 mod conn;
 mod limits;
+mod liveness;
 mod node;
 mod quiet_log;
 mod tls;
@@ -80,6 +85,33 @@ pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The two clocks the state machine takes: a monotonic one (tokio's, which tests may pause)
+/// for its timers, counted from the wall time at start so both read alike until the wall
+/// clock steps; and the wall clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clocks {
+    start: tokio::time::Instant,
+    start_wall_ms: u64,
+}
+
+impl Clocks {
+    pub(crate) fn start() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            start_wall_ms: now_ms(),
+        }
+    }
+
+    /// Both clocks now.
+    pub(crate) fn now(&self) -> proto::Now {
+        let ran = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        proto::Now {
+            mono_ms: self.start_wall_ms.saturating_add(ran),
+            wall_ms: now_ms(),
+        }
+    }
 }
 
 /// How to run a node.
@@ -247,13 +279,14 @@ pub fn start(
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
     let guarded = config.resume.crash_guard;
+    let clocks = Clocks::start();
     let (node, resumed) = Node::with_resume(
         info.clone(),
         replica,
         seeds,
         config.protocol,
         seed,
-        now_ms(),
+        clocks.now(),
         config.resume,
     )?;
     if resumed.rewritten + resumed.refused + resumed.removed > 0 || resumed.gap > 0 {
@@ -303,6 +336,7 @@ pub fn start(
     tracker.spawn(accept_loop(listener, Arc::clone(&shared), tracker.clone()).instrument(span.clone()));
     let task = NodeTask::new(
         node,
+        clocks,
         Arc::clone(&shared),
         tracker,
         commands_rx,
@@ -354,20 +388,39 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
                 }
             }
         };
+        // Repeated refusals from one address make one log line a minute.
+        let gated = |shared: &Shared| shared.log_gate.admit(addr.ip(), tokio::time::Instant::now());
+        let max_pending = shared.limits.max_unauthenticated_per_address;
+        let Some(pending) = shared.unauthenticated.admit(addr.ip(), max_pending) else {
+            limits::bump(&shared.counts.unauthenticated_over_cap);
+            if let Some(n) = gated(&shared) {
+                warn!(
+                    node,
+                    peer = %addr,
+                    "dropped an inbound connection: {max_pending} from that address are not \
+                     authenticated yet (max_unauthenticated_per_address; {n} more refusals from \
+                     it in the last minute not logged)"
+                );
+            }
+            continue;
+        };
         if inbound.load(std::sync::atomic::Ordering::Relaxed) >= shared.max_inbound {
             limits::bump(&shared.counts.inbound_over_cap);
-            warn!(
-                node,
-                peer = %addr,
-                "dropped an inbound connection: {} already open (max_inbound)",
-                shared.max_inbound
-            );
+            if let Some(n) = gated(&shared) {
+                warn!(
+                    node,
+                    peer = %addr,
+                    "dropped an inbound connection: {} already open (max_inbound; {n} more \
+                     refusals from that address in the last minute not logged)",
+                    shared.max_inbound
+                );
+            }
             continue;
         }
         limits::bump(&shared.counts.inbound_accepted);
         let _ = tcp.set_nodelay(true);
         let guard = InboundGuard::new(Arc::clone(&inbound));
-        tracker.spawn(conn::inbound(tcp, addr, Arc::clone(&shared), guard).in_current_span());
+        tracker.spawn(conn::inbound(tcp, addr, Arc::clone(&shared), guard, pending).in_current_span());
     }
     info!(node, "stopped accepting connections");
 }

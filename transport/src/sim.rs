@@ -14,7 +14,7 @@ use roster_registry::{Replica, ReplicaId, State};
 
 use crate::backoff::Failure;
 use crate::message::Envelope;
-use crate::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Output};
+use crate::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Now, Output};
 
 /// The network's behaviour. Probabilities in per mille; delays in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +84,8 @@ struct Machine {
     traffic: Traffic,
     /// This machine's knobs, when not the simulation's.
     proto: Option<Config>,
+    /// How far its wall clock is off the simulation's time (its monotonic clock is not).
+    wall_offset_ms: i64,
 }
 
 /// The simulator.
@@ -162,6 +164,7 @@ impl Sim {
                 side: 0,
                 traffic: Traffic::default(),
                 proto: None,
+                wall_offset_ms: 0,
             });
         }
         for i in 0..n {
@@ -201,9 +204,31 @@ impl Sim {
         self.machines[i].node.as_ref()
     }
 
-    /// Runs `f` on the node of machine `i` (a local write, say), then delivers its outputs.
-    pub fn with_node<T>(&mut self, i: usize, f: impl FnOnce(&mut Node, u64) -> T) -> Option<T> {
-        let now = self.now_ms;
+    /// Both clocks of machine `i` now: its monotonic clock is the simulation's time, its
+    /// wall clock that off by its offset.
+    pub fn now_of(&self, i: usize) -> Now {
+        let off = self.machines[i].wall_offset_ms;
+        let wall_ms = if off >= 0 {
+            self.now_ms.saturating_add(off.unsigned_abs())
+        } else {
+            self.now_ms.saturating_sub(off.unsigned_abs())
+        };
+        Now {
+            mono_ms: self.now_ms,
+            wall_ms,
+        }
+    }
+
+    /// Steps machine `i`'s wall clock to `offset_ms` off the simulation's time (negative:
+    /// behind), as an NTP step or an operator would. Its monotonic clock does not move.
+    pub fn set_wall_offset(&mut self, i: usize, offset_ms: i64) {
+        self.machines[i].wall_offset_ms = offset_ms;
+    }
+
+    /// Runs `f` on the node of machine `i` (a local write, say) with its clocks, then
+    /// delivers its outputs.
+    pub fn with_node<T>(&mut self, i: usize, f: impl FnOnce(&mut Node, Now) -> T) -> Option<T> {
+        let now = self.now_of(i);
         let out = self.machines[i].node.as_mut().map(|n| f(n, now));
         self.drain(i);
         out
@@ -230,7 +255,7 @@ impl Sim {
         let replica = Replica::from_state(m.info.id, m.disk.clone(), m.counter_floor);
         let seed = self.rng.random::<u64>();
         let proto = m.proto.unwrap_or(self.proto);
-        match Node::new(m.info.clone(), replica, seeds, proto, seed, self.now_ms) {
+        match Node::new(m.info.clone(), replica, seeds, proto, seed, self.now_of(i)) {
             Ok(node) => self.machines[i].node = Some(node),
             Err(e) => unreachable!("simulated node info is valid: {e}"),
         }
@@ -318,8 +343,8 @@ impl Sim {
         if let Some(other) = self.ends.remove(&end.other) {
             ends.push((other.node, end.other));
         }
-        let now = self.now_ms;
         for (node, conn) in ends {
+            let now = self.now_of(node);
             if let Some(n) = self.machines[node].node.as_mut() {
                 n.handle_disconnected(conn, now);
             }
@@ -432,6 +457,7 @@ impl Sim {
             self.machines[j].node.is_some() && self.machines[j].side == self.machines[from].side
         });
         let Some(to) = reachable else {
+            let now = self.now_of(from);
             if let Some(n) = self.machines[from].node.as_mut() {
                 n.handle_dial_failed(&target, Failure::Network, now);
             }
@@ -447,11 +473,12 @@ impl Sim {
             DialTarget::Seed { url } => Some(url.as_str()),
             DialTarget::Peer { .. } => None,
         };
+        let (now_to, now_from) = (self.now_of(to), self.now_of(from));
         if let Some(n) = self.machines[to].node.as_mut() {
-            n.handle_connected(b, &info_from, false, None, now);
+            n.handle_connected(b, &info_from, false, None, now_to);
         }
         if let Some(n) = self.machines[from].node.as_mut() {
-            n.handle_connected(a, &info_to, true, seed, now);
+            n.handle_connected(a, &info_to, true, seed, now_from);
         }
         work.push(to);
         work.push(from);
@@ -483,6 +510,7 @@ impl Sim {
                 let mut due: Vec<usize> = self.timers.range(..=(now, usize::MAX)).map(|(_, i)| *i).collect();
                 due.sort_unstable();
                 for i in due {
+                    let now = self.now_of(i);
                     if let Some(n) = self.machines[i].node.as_mut() {
                         n.handle_timeout(now);
                     }
@@ -510,7 +538,7 @@ impl Sim {
         let t = &mut self.machines[end.node].traffic;
         t.messages_received += 1;
         t.bytes_received += bytes;
-        let now = self.now_ms;
+        let now = self.now_of(end.node);
         if let Some(n) = self.machines[end.node].node.as_mut() {
             // A refusal closes the connection through the node's outputs.
             let _ = n.handle_message(to, envelope, now);

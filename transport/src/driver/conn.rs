@@ -19,8 +19,8 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -33,8 +33,10 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::admit::{LogGate, PendingGuard, Unauthenticated};
 use super::chunk::{self, ChunkError, Reassembler, Step};
 use super::limits::{bump, Counts, Limits, TokenBucket};
+use super::liveness::{Check, Liveness};
 use super::now_ms;
 use super::tls::{self, Tls};
 use crate::backoff::Failure;
@@ -238,6 +240,12 @@ pub(super) struct Shared {
     pub clients: Option<mpsc::Sender<ClientConn>>,
     /// Peer accepts per source address (load shedding).
     accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
+    /// Client accepts per source address.
+    client_accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
+    /// Connections not yet authenticated, per source address.
+    pub unauthenticated: Arc<Unauthenticated>,
+    /// Refusals and failed handshakes are logged once a minute per address.
+    pub log_gate: LogGate,
     /// Under the crash-loop guard, peers are turned away with a long retry-after: the
     /// node dials out itself when its lease needs it.
     pub refuse_peers: AtomicBool,
@@ -250,7 +258,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ClientStream for T {}
 
 /// A client connection (subprotocol [`CLIENT_SUBPROTOCOL`]), upgraded and handed to the
 /// application, which speaks its own protocol over it. It holds its place under the
-/// inbound cap until dropped.
+/// inbound cap until dropped, and counts as unauthenticated (under
+/// `Limits::max_unauthenticated_per_address`) until [`ClientConn::authenticated`].
 #[derive(Debug)]
 pub struct ClientConn {
     /// The WebSocket, with the node's frame and message limits.
@@ -258,6 +267,16 @@ pub struct ClientConn {
     /// Who connected.
     pub peer: SocketAddr,
     _slot: InboundGuard,
+    pending: Option<PendingGuard>,
+}
+
+impl ClientConn {
+    /// Says the client has proved what the application asks of it (the secret, or a valid
+    /// first request where none is asked): the connection no longer counts against its
+    /// address's cap of unauthenticated connections.
+    pub fn authenticated(&mut self) {
+        self.pending = None;
+    }
 }
 
 impl std::fmt::Debug for dyn ClientStream {
@@ -287,20 +306,34 @@ impl Shared {
             tls,
             clients,
             accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            client_accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            unauthenticated: Arc::new(Unauthenticated::default()),
+            log_gate: LogGate::default(),
             refuse_peers: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
         }
     }
 
-    /// Whether a peer connection from `ip` may be accepted now (a token per address).
-    fn may_accept_peer(&self, ip: std::net::IpAddr) -> bool {
-        let Ok(mut map) = self.accepts.lock() else {
+    /// Whether a connection from `ip` may be accepted now (a token per address; peers and
+    /// clients have buckets of their own).
+    fn may_accept(&self, ip: std::net::IpAddr, client: bool) -> bool {
+        let (buckets, rate, burst) = if client {
+            let l = &self.limits;
+            (
+                &self.client_accepts,
+                l.client_accepts_per_second,
+                l.client_accept_burst,
+            )
+        } else {
+            let l = &self.limits;
+            (&self.accepts, l.peer_accepts_per_second, l.peer_accept_burst)
+        };
+        let Ok(mut map) = buckets.lock() else {
             return true;
         };
         if map.len() >= MAX_ACCEPT_BUCKETS && !map.contains_key(&ip) {
             map.clear();
         }
-        let (rate, burst) = (self.limits.peer_accepts_per_second, self.limits.peer_accept_burst);
         map.entry(ip)
             .or_insert_with(|| TokenBucket::new(rate, burst, Instant::now()))
             .take(Instant::now())
@@ -374,58 +407,58 @@ impl Fail {
         }
     }
 
-    /// Counts and logs the failure. `who` names the peer (its address or URL).
-    fn record(&self, shared: &Shared, who: &str) {
-        let node = shared.node();
+    /// Counts and logs the failure. `who` names the peer (its address or URL). With
+    /// `from`, the address of an inbound connection, the line goes through the log gate
+    /// (once a minute per address, saying how many were left out); the count is always
+    /// kept.
+    fn record(&self, shared: &Shared, who: &str, from: Option<std::net::IpAddr>) {
         let c = &shared.counts;
         match self {
+            Fail::Handshake(HandshakeError::Refused { .. }) => bump(&c.handshakes_rejected),
+            Fail::Handshake(_) | Fail::Tls(_) => bump(&c.handshakes_refused),
+            Fail::Oversize { .. } => bump(&c.oversize),
+            Fail::Timeout => bump(&c.handshake_timeouts),
+            Fail::WrongPeer { .. } | Fail::Network(_) | Fail::Busy(_) | Fail::Cancelled => {}
+        }
+        if matches!(self, Fail::Cancelled) {
+            return;
+        }
+        let suppressed = match from {
+            Some(ip) => match shared.log_gate.admit(ip, Instant::now()) {
+                Some(n) => n,
+                None => return,
+            },
+            None => 0,
+        };
+        let node = shared.node();
+        let line = match self {
             Fail::Handshake(HandshakeError::Refused { reason, .. }) => {
-                bump(&c.handshakes_rejected);
-                warn!(node, peer = who, "the peer refused our handshake: {reason}");
+                format!("the peer refused our handshake: {reason}")
             }
-            Fail::Handshake(e) => {
-                bump(&c.handshakes_refused);
-                warn!(node, peer = who, "refused a peer's handshake: {e}");
-            }
+            Fail::Handshake(e) => format!("refused a peer's handshake: {e}"),
             Fail::Oversize { size, max_size } => {
-                bump(&c.oversize);
-                warn!(
-                    node,
-                    peer = who,
-                    "closed a connection: a {size}-byte message, over the {max_size}-byte limit"
-                );
+                format!("closed a connection: a {size}-byte message, over the {max_size}-byte limit")
             }
-            Fail::Timeout => {
-                bump(&c.handshake_timeouts);
-                warn!(
-                    node,
-                    peer = who,
-                    "closed a connection: no authenticated peer within {:?}",
-                    shared.limits.handshake_timeout
-                );
-            }
-            Fail::Tls(e) => {
-                bump(&c.handshakes_refused);
-                warn!(node, peer = who, "TLS handshake failed: {e}");
-            }
+            Fail::Timeout => format!(
+                "closed a connection: no authenticated peer within {:?}",
+                shared.limits.handshake_timeout
+            ),
+            Fail::Tls(e) => format!("TLS handshake failed: {e}"),
             Fail::WrongPeer { expected, got } => {
-                warn!(
-                    node,
-                    peer = who,
-                    "dialed node {expected} but {got} answered; closing"
-                )
+                format!("dialed node {expected} but {got} answered; closing")
             }
-            Fail::Network(e) => info!(
-                node,
-                peer = who,
-                "connection failed before the handshake completed: {e}"
-            ),
-            Fail::Busy(ms) => info!(
-                node,
-                peer = who,
-                "the peer sheds load; retrying after {ms} ms at the earliest"
-            ),
-            Fail::Cancelled => {}
+            Fail::Network(e) => format!("connection failed before the handshake completed: {e}"),
+            Fail::Busy(ms) => format!("the peer sheds load; retrying after {ms} ms at the earliest"),
+            Fail::Cancelled => return,
+        };
+        let gated = if suppressed > 0 {
+            format!(" ({suppressed} more from this address in the last minute not logged)")
+        } else {
+            String::new()
+        };
+        match self {
+            Fail::Network(_) | Fail::Busy(_) => info!(node, peer = who, "{line}{gated}"),
+            _ => warn!(node, peer = who, "{line}{gated}"),
         }
     }
 
@@ -591,7 +624,7 @@ fn check_subprotocol(
     req: &Request,
     mut resp: Response,
     clients: Option<&AtomicBool>,
-    admit_peer: &mut dyn FnMut() -> Option<u64>,
+    admit: &mut dyn FnMut(bool) -> Option<u64>,
 ) -> Result<Response, ErrorResponse> {
     let offered: Vec<&str> = req
         .headers()
@@ -601,18 +634,23 @@ fn check_subprotocol(
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .collect();
+    let busy = |retry_s: u64| {
+        let mut e = ErrorResponse::new(Some("too many connections from this address; retry later".into()));
+        *e.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        if let Ok(v) = HeaderValue::from_str(&retry_s.to_string()) {
+            e.headers_mut().insert("Retry-After", v);
+        }
+        e
+    };
     let chosen = if offered.contains(&SUBPROTOCOL) {
-        if let Some(retry_s) = admit_peer() {
-            let mut e =
-                ErrorResponse::new(Some("too many connections from this address; retry later".into()));
-            *e.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            if let Ok(v) = HeaderValue::from_str(&retry_s.to_string()) {
-                e.headers_mut().insert("Retry-After", v);
-            }
-            return Err(e);
+        if let Some(retry_s) = admit(false) {
+            return Err(busy(retry_s));
         }
         SUBPROTOCOL
     } else if let (Some(flag), true) = (clients, offered.contains(&CLIENT_SUBPROTOCOL)) {
+        if let Some(retry_s) = admit(true) {
+            return Err(busy(retry_s));
+        }
         flag.store(true, Ordering::Relaxed);
         CLIENT_SUBPROTOCOL
     } else {
@@ -638,7 +676,13 @@ async fn bounded<T>(shared: &Shared, work: impl Future<Output = Result<T, Fail>>
 /// Serves one accepted TCP connection: TLS if configured, the upgrade, then the handshake
 /// and the connection (a peer), or the hand-off to the application (a client). `guard`
 /// holds its place under the inbound cap until it ends.
-pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, guard: InboundGuard) {
+pub(super) async fn inbound(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    guard: InboundGuard,
+    pending: PendingGuard,
+) {
     let who = addr.to_string();
     let result = match shared.tls.as_ref().map(Tls::acceptor) {
         None => {
@@ -646,7 +690,7 @@ pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared
                 &shared,
                 async { Ok(Box::new(tcp) as Box<dyn ClientStream>) },
                 addr,
-                guard,
+                (guard, pending),
             )
             .await
         }
@@ -659,11 +703,11 @@ pub(super) async fn inbound(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared
                     .map(|s| Box::new(s) as Box<dyn ClientStream>)
                     .map_err(|e| Fail::Network(format!("TLS: {e}")))
             };
-            accept_over(&shared, tls, addr, guard).await
+            accept_over(&shared, tls, addr, (guard, pending)).await
         }
     };
     if let Err(fail) = result {
-        fail.record(&shared, &who);
+        fail.record(&shared, &who, Some(addr.ip()));
     }
 }
 
@@ -671,7 +715,7 @@ async fn accept_over(
     shared: &Arc<Shared>,
     stream: impl Future<Output = Result<Box<dyn ClientStream>, Fail>>,
     addr: SocketAddr,
-    guard: InboundGuard,
+    (guard, pending): (InboundGuard, PendingGuard),
 ) -> Result<(), Fail> {
     let is_client = AtomicBool::new(false);
     let flag = shared.clients.as_ref().map(|_| &is_client);
@@ -681,17 +725,29 @@ async fn accept_over(
             stream,
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
             |req: &Request, resp: Response| {
-                let mut admit = || {
-                    if shared.refuse_peers.load(Ordering::Relaxed) {
+                let mut admit = |client: bool| {
+                    if !client && shared.refuse_peers.load(Ordering::Relaxed) {
                         bump(&shared.counts.peers_shed);
                         // Under the crash guard: come back in five to seven and a half minutes.
                         return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % (GUARDED_RETRY_S / 2));
                     }
-                    if shared.may_accept_peer(addr.ip()) {
+                    if shared.may_accept(addr.ip(), client) {
                         return None;
                     }
-                    bump(&shared.counts.peers_shed);
-                    warn!(node = shared.node(), peer = %addr, "shed a peer connection: too many from that address");
+                    let (count, what) = if client {
+                        (&shared.counts.clients_shed, "client")
+                    } else {
+                        (&shared.counts.peers_shed, "peer")
+                    };
+                    bump(count);
+                    if let Some(n) = shared.log_gate.admit(addr.ip(), Instant::now()) {
+                        warn!(
+                            node = shared.node(),
+                            peer = %addr,
+                            "shed a {what} connection: too many from that address \
+                             ({n} more refusals from it in the last minute not logged)"
+                        );
+                    }
                     // Come back in 1 to 5 s, spread.
                     Some(1 + getrandom::u64().unwrap_or(0) % 5)
                 };
@@ -714,6 +770,8 @@ async fn accept_over(
     };
     match bounded(shared, establish).await? {
         (ws, Some(peer)) => {
+            // Authenticated: it no longer counts against its address's cap.
+            drop(pending);
             run(ws, shared.next_conn(), peer, false, None, Arc::clone(shared)).await;
             drop(guard);
         }
@@ -724,6 +782,7 @@ async fn accept_over(
                     ws,
                     peer: addr,
                     _slot: guard,
+                    pending: Some(pending),
                 };
                 if clients.send(conn).await.is_err() {
                     debug!(node = shared.node(), "a client connected while the node stops");
@@ -795,7 +854,7 @@ pub(super) async fn dial(target: DialTarget, shared: Arc<Shared>) {
     match result {
         Ok(()) | Err(Fail::Cancelled) => {}
         Err(fail) => {
-            fail.record(&shared, &url);
+            fail.record(&shared, &url, None);
             bump(&shared.counts.dial_failures);
             let failure = fail.failure();
             let _ = shared
@@ -858,6 +917,9 @@ enum End {
     RateLimited,
     /// The node task cut it (see [`Cut`]) or the shutdown deadline passed.
     Killed,
+    /// Nothing arrived for this long (`dead_after`), pings unanswered: the peer or the path
+    /// to it is gone without a word.
+    Dead(Duration),
 }
 
 /// Runs an authenticated connection until either side closes it.
@@ -885,10 +947,13 @@ async fn run<S>(
         return;
     }
     let (mut sink, mut stream) = ws.split();
+    let live = std::sync::Mutex::new(Liveness::new(&shared.limits, outbound, Instant::now()));
+    let ping = PingSignal::default();
     let end = tokio::select! {
         () = kill.cancelled() => End::Killed,
-        end = read_loop(&mut stream, conn, &shared) => end,
-        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts) => end,
+        end = read_loop(&mut stream, conn, &shared, &live) => end,
+        end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts, &ping) => end,
+        silent = keepalive(&live, &ping) => End::Dead(silent),
     };
     let node = shared.node();
     let c = &shared.counts;
@@ -935,14 +1000,28 @@ async fn run<S>(
             };
             (Some(close_frame(code, &r)), r)
         }
+        End::Dead(silent) => {
+            bump(&c.dead_links);
+            let r = format!(
+                "nothing arrived for {silent:?}, pings unanswered (dead_after {:?}); redialing",
+                limits.dead_after
+            );
+            (None, r)
+        }
     };
     match &end {
-        End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::RateLimited | End::Killed => {
+        End::Oversize { .. }
+        | End::Chunk(_)
+        | End::Malformed(_)
+        | End::RateLimited
+        | End::Killed
+        | End::Dead(_) => {
             warn!(node, peer = %who, conn, "closed the connection: {reason}")
         }
         End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
     }
-    let linger = !matches!(end, End::Failed(_)) && !shared.abort.is_cancelled();
+    // A dead link would only hold the close for the linger: nothing answers on it.
+    let linger = !matches!(end, End::Failed(_) | End::Dead(_)) && !shared.abort.is_cancelled();
     if linger {
         let closing = async {
             match frame {
@@ -967,9 +1046,72 @@ async fn run<S>(
 type WsRead<S> = SplitStream<WebSocketStream<S>>;
 type WsWrite<S> = SplitSink<WebSocketStream<S>, WsMessage>;
 
+/// The keepalive's request for a ping, to the writer: sent when it is idle, or between two
+/// chunks of a long message (a peer receiving a large state still answers, in order).
+#[derive(Debug, Default)]
+struct PingSignal {
+    pending: AtomicBool,
+    wake: Notify,
+}
+
+impl PingSignal {
+    fn ask(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> bool {
+        self.pending.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// Sends a ping if one was asked for.
+async fn ping_if_asked<S>(sink: &mut WsWrite<S>, ping: &PingSignal, counts: &Counts) -> Result<(), WsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if ping.take() {
+        bump(&counts.pings_sent);
+        sink.send(WsMessage::Ping(Default::default())).await?;
+    }
+    Ok(())
+}
+
+/// Pings the peer when the connection has been quiet, and returns how long it was silent
+/// when it is dead (see [`super::liveness`]).
+async fn keepalive(live: &std::sync::Mutex<Liveness>, ping: &PingSignal) -> Duration {
+    loop {
+        let check = match live.lock() {
+            Ok(mut l) => l.check(Instant::now()),
+            Err(poisoned) => poisoned.into_inner().check(Instant::now()),
+        };
+        match check {
+            Check::Dead(silent) => return silent,
+            Check::Ping(next) => {
+                ping.ask();
+                tokio::time::sleep_until(next).await;
+            }
+            Check::Wait(next) => tokio::time::sleep_until(next).await,
+        }
+    }
+}
+
+/// Notes that something arrived on the connection.
+fn heard(live: &std::sync::Mutex<Liveness>) {
+    match live.lock() {
+        Ok(mut l) => l.heard(Instant::now()),
+        Err(poisoned) => poisoned.into_inner().heard(Instant::now()),
+    }
+}
+
 /// Reads frames, rate-limited, puts chunked messages back together, and hands decoded
-/// envelopes to the node task.
-async fn read_loop<S>(stream: &mut WsRead<S>, conn: ConnId, shared: &Shared) -> End
+/// envelopes to the node task. Every frame (pongs too) is a sign of life.
+async fn read_loop<S>(
+    stream: &mut WsRead<S>,
+    conn: ConnId,
+    shared: &Shared,
+    live: &std::sync::Mutex<Liveness>,
+) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -985,6 +1127,7 @@ where
             Some(Err(e)) => return End::Failed(e.to_string()),
             Some(Ok(m)) => m,
         };
+        heard(live);
         // A chunk of a message being received may ride on the token its first chunk paid.
         let free = matches!(&msg, WsMessage::Binary(b) if chunks.rides_free(b));
         if let WsMessage::Binary(b) = &msg {
@@ -1025,23 +1168,39 @@ where
 }
 
 /// Writes what the node task queues, each message in chunks of at most `frame` bytes,
-/// batching what is already waiting into one flush.
+/// batching what is already waiting into one flush; and a ping when `ping` says.
 async fn write_loop<S>(
     sink: &mut WsWrite<S>,
     rx: &mut mpsc::Receiver<Outgoing>,
     link: &Link,
     frame: usize,
     counts: &Counts,
+    ping: &PingSignal,
 ) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            out = rx.recv() => match out {
+                Some(out) => out,
+                None => break,
+            },
+            () = ping.wake.notified() => {
+                if let Err(e) = ping_if_asked(sink, ping, counts).await {
+                    return End::Failed(e.to_string());
+                }
+                continue;
+            }
+        };
         let mut next = Some(first);
         while let Some(out) = next.take() {
             match out {
                 Outgoing::Message(bytes) => {
                     for chunk in chunk::split(&bytes, frame) {
+                        if let Err(e) = ping_if_asked(sink, ping, counts).await {
+                            return End::Failed(e.to_string());
+                        }
                         bump(&counts.frames_sent);
                         counts.bytes_sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         if let Err(e) = sink.feed(WsMessage::binary(chunk)).await {

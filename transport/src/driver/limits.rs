@@ -45,10 +45,29 @@ pub struct Limits {
     pub shutdown_deadline: Duration,
     /// Peer connections accepted per second from one address, on average; over it the
     /// upgrade is refused with `503` and a `Retry-After` hint the dialer honours (load
-    /// shedding when a fleet reconnects at once). Clients are not limited by it.
+    /// shedding when a fleet reconnects at once).
     pub peer_accepts_per_second: u32,
     /// Peer connections one address may open in a burst above the average.
     pub peer_accept_burst: u32,
+    /// Client connections accepted per second from one address, on average (a bucket of
+    /// its own: a program that asks often is not a reconnecting fleet); over it the
+    /// upgrade is refused with `503` and a `Retry-After` hint.
+    pub client_accepts_per_second: u32,
+    /// Client connections one address may open in a burst above the average.
+    pub client_accept_burst: u32,
+    /// Connections one address may hold that have not authenticated yet (a peer before the
+    /// end of its handshake, a client before the application has its proof or request),
+    /// so one address cannot take every inbound slot. Over it a new connection is
+    /// dropped at once.
+    pub max_unauthenticated_per_address: usize,
+    /// A connection on which nothing arrived for this long gets a WebSocket ping (from the
+    /// side that dialed it; the side that accepted it waits twice as long), so a quiet link
+    /// proves it is alive.
+    pub ping_after: Duration,
+    /// A connection on which nothing (no frame, no pong) arrived for this long is closed as
+    /// dead, and its slot is redialed: a silent partition drops packets without closing
+    /// anything. More than twice `ping_after`.
+    pub dead_after: Duration,
 }
 
 impl Default for Limits {
@@ -65,6 +84,11 @@ impl Default for Limits {
             shutdown_deadline: Duration::from_secs(2),
             peer_accepts_per_second: 5,
             peer_accept_burst: 20,
+            client_accepts_per_second: 50,
+            client_accept_burst: 100,
+            max_unauthenticated_per_address: 8,
+            ping_after: Duration::from_secs(2),
+            dead_after: Duration::from_secs(6),
         }
     }
 }
@@ -92,6 +116,20 @@ impl Limits {
                 self.send_queue_bytes, self.max_envelope_bytes
             ));
         }
+        if self.max_unauthenticated_per_address == 0 {
+            return Err(
+                "max_unauthenticated_per_address must be at least 1, or no peer or client could \
+                 ever connect"
+                    .to_string(),
+            );
+        }
+        if self.ping_after.is_zero() || self.dead_after <= self.ping_after.saturating_mul(2) {
+            return Err(format!(
+                "dead_after ({:?}) must be more than twice ping_after ({:?}), which must not be \
+                 zero, or a quiet link would be closed before either side pinged it",
+                self.dead_after, self.ping_after
+            ));
+        }
         Ok(())
     }
 }
@@ -105,6 +143,9 @@ pub struct DriverCounters {
     pub clients_accepted: u64,
     /// Inbound connections dropped at once because `max_inbound` were already open.
     pub inbound_over_cap: u64,
+    /// Inbound connections dropped at once because their address already held
+    /// `max_unauthenticated_per_address` connections not yet authenticated.
+    pub unauthenticated_over_cap: u64,
     /// Connections that did not authenticate within the handshake timeout.
     pub handshake_timeouts: u64,
     /// Handshakes this node refused (wrong version, cluster, secret, skew, malformed).
@@ -128,6 +169,8 @@ pub struct DriverCounters {
     pub dial_failures: u64,
     /// Peer connections refused with a retry-after hint (one address connected too often).
     pub peers_shed: u64,
+    /// Client connections refused with a retry-after hint (one address connected too often).
+    pub clients_shed: u64,
     /// WebSocket frames sent to peers after their handshake.
     pub frames_sent: u64,
     /// Bytes of those frames (payload).
@@ -136,6 +179,10 @@ pub struct DriverCounters {
     pub frames_received: u64,
     /// Bytes of those frames (payload).
     pub bytes_received: u64,
+    /// WebSocket pings sent on quiet connections.
+    pub pings_sent: u64,
+    /// Connections closed because nothing arrived on them for `dead_after`.
+    pub dead_links: u64,
 }
 
 /// The live counters, shared by the driver's tasks.
@@ -144,6 +191,7 @@ pub(super) struct Counts {
     pub inbound_accepted: AtomicU64,
     pub clients_accepted: AtomicU64,
     pub inbound_over_cap: AtomicU64,
+    pub unauthenticated_over_cap: AtomicU64,
     pub handshake_timeouts: AtomicU64,
     pub handshakes_refused: AtomicU64,
     pub handshakes_rejected: AtomicU64,
@@ -154,10 +202,13 @@ pub(super) struct Counts {
     pub slow_peers: AtomicU64,
     pub dial_failures: AtomicU64,
     pub peers_shed: AtomicU64,
+    pub clients_shed: AtomicU64,
     pub frames_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub frames_received: AtomicU64,
     pub bytes_received: AtomicU64,
+    pub pings_sent: AtomicU64,
+    pub dead_links: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -172,6 +223,7 @@ impl Counts {
             inbound_accepted: g(&self.inbound_accepted),
             clients_accepted: g(&self.clients_accepted),
             inbound_over_cap: g(&self.inbound_over_cap),
+            unauthenticated_over_cap: g(&self.unauthenticated_over_cap),
             handshake_timeouts: g(&self.handshake_timeouts),
             handshakes_refused: g(&self.handshakes_refused),
             handshakes_rejected: g(&self.handshakes_rejected),
@@ -182,10 +234,13 @@ impl Counts {
             slow_peers: g(&self.slow_peers),
             dial_failures: g(&self.dial_failures),
             peers_shed: g(&self.peers_shed),
+            clients_shed: g(&self.clients_shed),
             frames_sent: g(&self.frames_sent),
             bytes_sent: g(&self.bytes_sent),
             frames_received: g(&self.frames_received),
             bytes_received: g(&self.bytes_received),
+            pings_sent: g(&self.pings_sent),
+            dead_links: g(&self.dead_links),
         }
     }
 }
@@ -248,6 +303,19 @@ mod tests {
             ..Limits::default()
         };
         assert!(starved.check().unwrap_err().contains("send_queue_bytes"));
+        let hasty = Limits {
+            dead_after: Duration::from_secs(4),
+            ..Limits::default()
+        };
+        assert!(hasty.check().unwrap_err().contains("dead_after"));
+        let closed = Limits {
+            max_unauthenticated_per_address: 0,
+            ..Limits::default()
+        };
+        assert!(closed
+            .check()
+            .unwrap_err()
+            .contains("max_unauthenticated_per_address"));
     }
 
     #[test]

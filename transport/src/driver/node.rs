@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::conn::{self, ConnEvent, Cut, Outbox, Outgoing, Shared};
 use super::limits::bump;
 use super::quiet_log::QuietLog;
-use super::{now_ms, DriverError};
+use super::{Clocks, DriverError};
 use crate::message::Message;
 use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
 
@@ -26,7 +26,7 @@ const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(10);
 /// Snapshots of a large replica are spaced further: copying may take at most a tenth of
 /// the node task's time.
 const SNAPSHOT_COST_FACTOR: u32 = 10;
-/// The longest the node task sleeps without looking at the wall clock again (it may jump).
+/// The longest the node task sleeps without asking the state machine again.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// How long cut connections get to finish after the shutdown deadline.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
@@ -83,6 +83,7 @@ pub(super) struct Publish {
 #[derive(Debug)]
 pub(super) struct NodeTask {
     node: Node,
+    clocks: Clocks,
     shared: Arc<Shared>,
     tracker: TaskTracker,
     commands: mpsc::Receiver<Command>,
@@ -109,6 +110,7 @@ const REFUSAL_LOG_EVERY_MS: u64 = 60_000;
 impl NodeTask {
     pub(super) fn new(
         node: Node,
+        clocks: Clocks,
         shared: Arc<Shared>,
         tracker: TaskTracker,
         commands: mpsc::Receiver<Command>,
@@ -118,6 +120,7 @@ impl NodeTask {
         let published_ctx = node.replica().context().clone();
         Self {
             node,
+            clocks,
             shared,
             tracker,
             commands,
@@ -190,13 +193,13 @@ impl NodeTask {
 
     /// When the state machine's next timer is due, as a tokio instant.
     fn timer(&self) -> Instant {
-        let wait = self.node.poll_timeout().saturating_sub(now_ms());
+        let wait = self.node.poll_timeout().saturating_sub(self.clocks.now().mono_ms);
         Instant::now() + Duration::from_millis(wait).min(MAX_SLEEP)
     }
 
     fn on_timer(&mut self) {
-        let now = now_ms();
-        if self.node.poll_timeout() <= now {
+        let now = self.clocks.now();
+        if self.node.poll_timeout() <= now.mono_ms {
             self.node.handle_timeout(now);
             // Renewals mint dots; a sweep's visible effects come as events.
             if self.node.replica().context() != &self.published_ctx {
@@ -206,7 +209,7 @@ impl NodeTask {
     }
 
     fn on_event(&mut self, ev: ConnEvent) {
-        let now = now_ms();
+        let now = self.clocks.now();
         let node = self.shared.handshake.node.name.as_str();
         match ev {
             ConnEvent::Up {
@@ -234,7 +237,7 @@ impl NodeTask {
                         debug!(node, conn, "a message after the connection closed; dropped")
                     }
                     Err(e) => {
-                        let held = peer.and_then(|p| self.refusals.allow(p, now));
+                        let held = peer.and_then(|p| self.refusals.allow(p, now.mono_ms));
                         if let (Some(p), Some(held)) = (peer, held) {
                             let what = if e.closes() {
                                 "closed the connection"
@@ -256,7 +259,7 @@ impl NodeTask {
     }
 
     fn on_command(&mut self, cmd: Command) {
-        let now = now_ms();
+        let now = self.clocks.now();
         match cmd {
             Command::Register {
                 service,
@@ -292,7 +295,7 @@ impl NodeTask {
                 self.publish_replica();
                 let _ = reply.send(r);
             }
-            Command::Inspect(Inspect(f)) => f(&self.node, now),
+            Command::Inspect(Inspect(f)) => f(&self.node, now.wall_ms),
             Command::SyncNow(reply) => {
                 let _ = reply.send(self.node.sync_now(now));
             }
@@ -310,7 +313,7 @@ impl NodeTask {
         );
         self.stopping = true;
         self.tracker.close();
-        self.node.shutdown(now_ms());
+        self.node.shutdown(self.clocks.now());
         self.dirty = true;
     }
 

@@ -5,14 +5,14 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::ReplicaId;
 
-use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Output, GUARDED_FAILURES, SEED_SETTLE_ROUNDS};
+use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Now, Output, GUARDED_FAILURES, SEED_SETTLE_ROUNDS};
 use crate::backoff::Failure;
 use crate::message::{self, Message};
 
 impl Node {
     /// Live members we may dial: not connected, not being dialed, past their backoff.
-    pub(super) fn dial_more(&mut self, now_ms: u64) {
-        if !self.cfg.dial || self.stopping || (self.guarded && now_ms < self.guard_dial_at) {
+    pub(super) fn dial_more(&mut self, now: Now) {
+        if !self.cfg.dial || self.stopping || (self.guarded && now.mono_ms < self.guard_dial_at) {
             return;
         }
         let outbound = self.conns.values().filter(|c| c.outbound).count()
@@ -27,7 +27,7 @@ impl Node {
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         let mut candidates: Vec<(ReplicaId, String)> = self
-            .members(now_ms)
+            .members(now.wall_ms)
             .into_iter()
             .filter(|(id, _, _)| !connected.contains(id))
             // An old identity at our own address (a restart that lost its data) is us.
@@ -35,7 +35,7 @@ impl Node {
             .filter(|(id, _, _)| {
                 self.peers
                     .get(id)
-                    .is_none_or(|p| !p.dialing && p.backoff.ready(now_ms))
+                    .is_none_or(|p| !p.dialing && p.backoff.ready(now.mono_ms))
             })
             .map(|(id, url, _)| (id, url))
             .collect();
@@ -48,11 +48,11 @@ impl Node {
             room -= 1;
         }
         // Seeds bootstrap a node that knows no member yet.
-        if connected.is_empty() && self.members(now_ms).is_empty() {
+        if connected.is_empty() && self.members(now.wall_ms).is_empty() {
             let mut ready: Vec<String> = self
                 .seeds
                 .iter()
-                .filter(|(_, (b, dialing))| !dialing && b.ready(now_ms))
+                .filter(|(_, (b, dialing))| !dialing && b.ready(now.mono_ms))
                 .map(|(u, _)| u.clone())
                 .collect();
             while room > 0 && !ready.is_empty() {
@@ -70,30 +70,30 @@ impl Node {
     /// Notes where every live member is, then dials one peer that was a member once but is
     /// not now (its entry expired while we could not hear it): a partition that outlived
     /// the leases heals through this. One dial per interval, each peer under its backoff.
-    pub(super) fn reconnect_lost(&mut self, now_ms: u64) {
+    pub(super) fn reconnect_lost(&mut self, now: Now) {
         if !self.cfg.dial || self.stopping {
             return;
         }
         let live: BTreeSet<ReplicaId> = self
-            .members(now_ms)
+            .members(now.wall_ms)
             .into_iter()
             .map(|(id, url, name)| {
                 let p = self.peers.entry(id).or_default();
                 p.url = Some(url);
                 p.name = Some(name);
-                p.last_seen_ms = now_ms;
+                p.last_seen_ms = now.wall_ms;
                 id
             })
             .collect();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        let forget_before = now_ms.saturating_sub(self.cfg.forget_lost_after_ms);
+        let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
         self.peers
             .retain(|id, p| live.contains(id) || connected.contains(id) || p.last_seen_ms >= forget_before);
         let lost: Vec<(ReplicaId, String)> = self
             .peers
             .iter()
             .filter(|(id, p)| {
-                !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now_ms)
+                !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now.mono_ms)
             })
             .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
             .filter(|(_, url)| *url != self.me.url)
@@ -109,7 +109,7 @@ impl Node {
         self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
     }
 
-    pub(super) fn rotate(&mut self, now_ms: u64) {
+    pub(super) fn rotate(&mut self, now: Now) {
         if self.guarded {
             return;
         }
@@ -119,12 +119,12 @@ impl Node {
             .filter(|(_, c)| c.outbound)
             .map(|(id, _)| *id)
             .collect();
-        let others = self.members(now_ms).len();
+        let others = self.members(now.wall_ms).len();
         if outbound.len() < self.cfg.max_outbound || others <= outbound.len() {
             return;
         }
         let conn = outbound[self.rng.random_range(0..outbound.len())];
-        self.close(conn, "rotating to another peer", now_ms);
+        self.close(conn, "rotating to another peer", now);
     }
 
     /// A connection dialed as a seed was for finding the cluster. Once it has had
@@ -132,7 +132,7 @@ impl Node {
     /// members than it keeps outbound connections, it is closed, and the next gossip round
     /// dials a random member instead: otherwise every node that joined through a seed keeps
     /// a connection to it, and the seed receives every delta once per such node.
-    pub(super) fn release_seed(&mut self, now_ms: u64) {
+    pub(super) fn release_seed(&mut self, now: Now) {
         if self.guarded {
             return;
         }
@@ -140,20 +140,20 @@ impl Node {
         let Some(conn) = self
             .conns
             .iter()
-            .find(|(_, c)| c.outbound && c.seed.is_some() && c.opened_at + settle <= now_ms)
+            .find(|(_, c)| c.outbound && c.seed.is_some() && c.opened_at + settle <= now.mono_ms)
             .map(|(id, _)| *id)
         else {
             return;
         };
         let outbound = self.conns.values().filter(|c| c.outbound).count();
-        if self.members(now_ms).len() <= outbound {
+        if self.members(now.wall_ms).len() <= outbound {
             return;
         }
-        self.close(conn, "joined; moving from the seed to a random member", now_ms);
+        self.close(conn, "joined; moving from the seed to a random member", now);
     }
 
-    pub(super) fn close(&mut self, conn: ConnId, reason: &str, now_ms: u64) {
-        self.send(conn, Message::goodbye(reason), now_ms);
+    pub(super) fn close(&mut self, conn: ConnId, reason: &str, now: Now) {
+        self.send(conn, Message::goodbye(reason), now);
         self.outputs.push_back(Output::Close {
             conn,
             reason: reason.to_string(),
@@ -162,7 +162,8 @@ impl Node {
     }
 
     /// A dial failed (or its handshake did). `draw` feeds the backoff jitter.
-    pub fn handle_dial_failed(&mut self, target: &DialTarget, failure: Failure, now_ms: u64) {
+    pub fn handle_dial_failed(&mut self, target: &DialTarget, failure: Failure, now: impl Into<Now>) {
+        let now = self.time.input(now.into());
         let draw = self.rng.random::<u64>();
         let policy = self.cfg.backoff;
         match target {
@@ -172,7 +173,7 @@ impl Node {
                 if self.guarded {
                     p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
                 }
-                p.backoff.fail(&policy, failure, now_ms, draw);
+                p.backoff.fail(&policy, failure, now.mono_ms, draw);
             }
             DialTarget::Seed { url } => {
                 if let Some((b, dialing)) = self.seeds.get_mut(url) {
@@ -180,7 +181,7 @@ impl Node {
                     if self.guarded {
                         b.failures = b.failures.max(GUARDED_FAILURES);
                     }
-                    b.fail(&policy, failure, now_ms, draw);
+                    b.fail(&policy, failure, now.mono_ms, draw);
                 }
             }
         }
@@ -197,8 +198,9 @@ impl Node {
         peer: &NodeInfo,
         outbound: bool,
         seed: Option<&str>,
-        now_ms: u64,
+        now: impl Into<Now>,
     ) -> bool {
+        let now = self.time.input(now.into());
         if let Some(url) = seed {
             if let Some(s) = self.seeds.get_mut(url) {
                 s.1 = false;
@@ -222,7 +224,7 @@ impl Node {
             Conn {
                 peer: peer.id,
                 outbound,
-                opened_at: now_ms,
+                opened_at: now.mono_ms,
                 seed: seed.map(str::to_string),
             },
         );
@@ -230,16 +232,20 @@ impl Node {
             if !outbound && !self.stopping {
                 // Full: point the newcomer at other members, so a bootstrap storm on one
                 // seed spreads over the cluster instead of retrying the same door.
-                let mut urls: Vec<String> = self.members(now_ms).into_iter().map(|(_, url, _)| url).collect();
+                let mut urls: Vec<String> = self
+                    .members(now.wall_ms)
+                    .into_iter()
+                    .map(|(_, url, _)| url)
+                    .collect();
                 let mut picked = Vec::new();
                 while picked.len() < message::MAX_REDIRECT_URLS && !urls.is_empty() {
                     let i = self.rng.random_range(0..urls.len());
                     picked.push(urls.swap_remove(i));
                 }
                 picked.retain(|u| u.len() <= message::MAX_URL_LEN);
-                self.send(conn, Message::Redirect { urls: picked }, now_ms);
+                self.send(conn, Message::Redirect { urls: picked }, now);
             }
-            self.close(conn, reason, now_ms);
+            self.close(conn, reason, now);
             return false;
         }
         self.counters.connections += 1;
@@ -248,15 +254,16 @@ impl Node {
         // that comes from its membership, and a seed's own backoff covers the rest.
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
-        p.last_seen_ms = now_ms;
+        p.last_seen_ms = now.wall_ms;
         // Each side says what it has seen; the other answers with what is missing.
-        self.send_digest(peer.id, now_ms);
+        self.send_digest(peer.id, now);
         self.note_leases_shipped();
         true
     }
 
     /// A connection closed (by the peer, the network, or us).
-    pub fn handle_disconnected(&mut self, conn: ConnId, now_ms: u64) {
+    pub fn handle_disconnected(&mut self, conn: ConnId, now: impl Into<Now>) {
+        let now = self.time.input(now.into());
         let Some(c) = self.conns.remove(&conn) else { return };
         if !self.conns.values().any(|o| o.peer == c.peer) {
             // What was sent on it may not have arrived.
@@ -266,15 +273,19 @@ impl Node {
                 p.digest_sent_at = None;
                 // It may come back from an older disk: its next digest tells.
                 p.digest = None;
-                p.last_seen_ms = now_ms;
+                p.last_seen_ms = now.wall_ms;
             }
         }
         if c.outbound {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
             let p = self.peers.entry(c.peer).or_default();
-            p.backoff
-                .closed(&policy, now_ms.saturating_sub(c.opened_at), now_ms, draw);
+            p.backoff.closed(
+                &policy,
+                now.mono_ms.saturating_sub(c.opened_at),
+                now.mono_ms,
+                draw,
+            );
         }
     }
 }

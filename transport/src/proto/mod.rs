@@ -1,9 +1,10 @@
 //! The replication protocol as a state machine: it performs no I/O, reads no clock and
 //! draws no ambient random number.
 //!
-//! A driver feeds it inputs (`handle_*`, and the local writes) with the current wall time in
-//! milliseconds, then drains its outputs with [`Node::poll_output`] and calls
-//! [`Node::handle_timeout`] when [`Node::poll_timeout`] says. Outputs are messages to send,
+//! A driver feeds it inputs (`handle_*`, and the local writes) with the current time
+//! ([`Now`]: a monotonic clock for its timers, the wall clock for HLC stamps and leases, in
+//! milliseconds), then drains its outputs with [`Node::poll_output`] and calls
+//! [`Node::handle_timeout`] when [`Node::poll_timeout`] (monotonic) says. Outputs are messages to send,
 //! connections to open or close, and events (what readers see change). The tokio driver and
 //! the simulator are two such drivers.
 //!
@@ -35,6 +36,11 @@ use crate::message::{self, Envelope, Message, MessageError};
 mod connections;
 /// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod sync;
+/// The monotonic clock for timers and the wall clock for stamps and leases.
+mod time;
+
+pub use time::Now;
+use time::WallGuard;
 
 /// The service every roster node registers itself under.
 pub const MEMBERS_SERVICE: &str = "roster";
@@ -273,10 +279,12 @@ struct Peer {
     /// The last of our buffer's numbers sent to it on the current connection (pushes send
     /// only what came after; gossip rounds resend from `acked`).
     sent: Option<u64>,
-    /// When we last sent it a full state (not again before the ack or a pause).
+    /// When we last sent it a full state (not again before the ack or a pause); monotonic
+    /// ms, like every time kept for a timer.
     full_sent_at: Option<u64>,
     /// Its last digest.
     digest: Option<CausalContext>,
+    /// Its dial backoff, in monotonic time (saved in wall time).
     backoff: Backoff,
     dialing: bool,
     /// Its URL, kept after it stops being a live member, to try it again later (a
@@ -433,6 +441,8 @@ pub struct Node {
     guard_dial_at: u64,
     /// The earliest end and the TTL of its own leases as last shipped to a connected peer.
     leases_shipped: Option<(u64, u64)>,
+    /// The time of the last input, and the wall time the node goes by.
+    time: WallGuard,
     /// The context this process started from, and whether the buffer has held every
     /// delta since: a peer with no known acknowledgement whose digest includes it needs
     /// only the buffer (trimmed by its digest), not a full state.
@@ -469,7 +479,8 @@ pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
 
 impl Node {
     /// A node resuming `replica` (empty for a new node), known as `me`, that will dial
-    /// `seeds` to join. `seed` drives every random choice; `now_ms` is the wall time.
+    /// `seeds` to join. `seed` drives every random choice; `now` is the time (both clocks,
+    /// or one `u64` for both).
     ///
     /// It registers itself as a member at once.
     ///
@@ -481,9 +492,9 @@ impl Node {
         seeds: impl IntoIterator<Item = String>,
         cfg: Config,
         seed: u64,
-        now_ms: u64,
+        now: impl Into<Now>,
     ) -> Result<Self, InvalidInput> {
-        Self::with_resume(me, replica, seeds, cfg, seed, now_ms, Resume::default()).map(|(n, _)| n)
+        Self::with_resume(me, replica, seeds, cfg, seed, now, Resume::default()).map(|(n, _)| n)
     }
 
     /// A node picking up where a previous process of it left off, before it talks to any
@@ -502,9 +513,11 @@ impl Node {
         seeds: impl IntoIterator<Item = String>,
         cfg: Config,
         seed: u64,
-        now_ms: u64,
+        now: impl Into<Now>,
         resume: Resume,
     ) -> Result<(Self, Resumed), InvalidInput> {
+        let now: Now = now.into();
+        let time = WallGuard::new(now);
         let endpoint = url_endpoint(&me.url)?;
         let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
         roster_registry::validate_metadata(&meta)?;
@@ -512,12 +525,13 @@ impl Node {
         // old ones; but never after now: a history stamped ahead by a clock since fixed
         // would keep every write of this node ahead of its peers' clocks (refused by them
         // until real time caught up). Its own registrations are stamped again below.
-        let last_seen = replica.state().latest_time().min(Hlc::new(now_ms, 0));
+        let last_seen = replica.state().latest_time().min(Hlc::new(now.wall_ms, 0));
         let mut rng = SmallRng::seed_from_u64(seed);
         let jitter = |rng: &mut SmallRng, d: u64| d * 3 / 4 + rng.random_range(0..=d / 2);
-        let gossip_at = now_ms + jitter(&mut rng, cfg.gossip_interval_ms);
-        let digest_at = now_ms + jitter(&mut rng, cfg.digest_interval_ms);
-        let rotate_at = now_ms + jitter(&mut rng, cfg.rotate_interval_ms.max(1));
+        let mono = now.mono_ms;
+        let gossip_at = mono + jitter(&mut rng, cfg.gossip_interval_ms);
+        let digest_at = mono + jitter(&mut rng, cfg.digest_interval_ms);
+        let rotate_at = mono + jitter(&mut rng, cfg.rotate_interval_ms.max(1));
         let mut node = Self {
             me,
             cfg,
@@ -536,11 +550,11 @@ impl Node {
             pushed_at: None,
             gossip_at,
             digest_at,
-            renew_at: now_ms,
+            renew_at: mono,
             rotate_at,
-            reconnect_at: now_ms + cfg.reconnect_interval_ms,
-            expire_from: now_ms + cfg.expire_holdoff_ms,
-            lapse_checked: now_ms,
+            reconnect_at: mono + cfg.reconnect_interval_ms,
+            expire_from: mono + cfg.expire_holdoff_ms,
+            lapse_checked: now.wall_ms,
             outputs: VecDeque::new(),
             counters: Counters::default(),
             stopping: false,
@@ -549,6 +563,7 @@ impl Node {
             leases_shipped: resume.leases_shipped,
             start_ctx: CausalContext::new(),
             base_valid: true,
+            time,
         };
         node.start_ctx = node.replica.context().clone();
         for m in &resume.peers {
@@ -558,13 +573,14 @@ impl Node {
             let p = node.peers.entry(m.id).or_default();
             p.url = m.url.clone();
             p.name = m.name.clone();
-            p.backoff = m.backoff;
-            p.full_sent_at = m.full_sent_at;
-            p.last_seen_ms = now_ms;
+            // Saved in wall time; kept in monotonic time.
+            p.backoff = time.backoff_to_mono(m.backoff);
+            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
+            p.last_seen_ms = now.wall_ms;
         }
         for (url, b) in &resume.seeds {
             if let Some(s) = node.seeds.get_mut(url) {
-                s.0 = *b;
+                s.0 = time.backoff_to_mono(*b);
             }
         }
         if node.guarded {
@@ -572,8 +588,8 @@ impl Node {
             // ends: dial only when a third of it is left (at once when nothing is known).
             let due = node
                 .leases_shipped
-                .map_or(now_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
-            node.guard_dial_at = due.max(now_ms);
+                .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
+            node.guard_dial_at = time.mono_of(due).max(now.mono_ms);
         }
         node.register(
             members_service(),
@@ -581,10 +597,10 @@ impl Node {
             endpoint,
             meta,
             cfg.member_lease_ttl_ms,
-            now_ms,
+            now,
         )?;
-        let resumed = node.resume(resume, now_ms);
-        node.dial_more(now_ms);
+        let resumed = node.resume(resume, now);
+        node.dial_more(now);
         Ok((node, resumed))
     }
 
@@ -654,16 +670,17 @@ impl Node {
         endpoint: Endpoint,
         meta: Metadata,
         ttl_ms: u64,
-        now_ms: u64,
+        now: impl Into<Now>,
     ) -> Result<(), InvalidInput> {
-        let now = self.clock.tick(now_ms);
+        let now = self.time.input(now.into());
+        let stamp = self.clock.tick(now.wall_ms);
         let applied = self.replica.register(
             service.clone(),
             provider.clone(),
             endpoint.clone(),
             meta.clone(),
             self.lease_ttl(ttl_ms),
-            now,
+            stamp,
         )?;
         self.owned.insert(
             (service, provider),
@@ -673,14 +690,14 @@ impl Node {
                 ttl_ms,
             },
         );
-        self.renew_at = self.renew_at.min(now_ms + ttl_ms / 2);
-        self.local_delta(applied.delta, applied.changes, now_ms);
+        self.renew_at = self.renew_at.min(now.mono_ms + ttl_ms / 2);
+        self.local_delta(applied.delta, applied.changes, now);
         self.note_leases_shipped();
         Ok(())
     }
 
     /// The registry part of [`Node::with_resume`].
-    fn resume(&mut self, resume: Resume, now_ms: u64) -> Resumed {
+    fn resume(&mut self, resume: Resume, now: Now) -> Resumed {
         let mut done = Resumed::default();
         let me = self.me.id;
         let member = (members_service(), member_provider(me));
@@ -694,7 +711,7 @@ impl Node {
                 service: o.service.clone(),
                 provider: o.provider.clone(),
             });
-            match self.register(o.service, o.provider, o.endpoint, o.meta, o.ttl_ms, now_ms) {
+            match self.register(o.service, o.provider, o.endpoint, o.meta, o.ttl_ms, now) {
                 Ok(()) => done.rewritten += 1,
                 Err(_) => done.refused += 1,
             }
@@ -714,24 +731,25 @@ impl Node {
                 service: s.clone(),
                 provider: p.clone(),
             });
-            if self.deregister(&s, &p, now_ms) {
+            if self.deregister(&s, &p, now) {
                 done.removed += 1;
             }
         }
         done.gap = self.replica.unclaimed_gap();
         let providers = keys.iter().map(|k| k.provider.clone()).collect();
-        if let Some(applied) = self.replica.close_gap(keys, providers, now_ms) {
-            self.local_delta(applied.delta, applied.changes, now_ms);
+        if let Some(applied) = self.replica.close_gap(keys, providers, now.wall_ms) {
+            self.local_delta(applied.delta, applied.changes, now);
         }
         done
     }
 
     /// Asks a connected peer for an anti-entropy round (a digest exchange) at once.
     /// Returns whether a peer was connected to ask.
-    pub fn sync_now(&mut self, now_ms: u64) -> bool {
+    pub fn sync_now(&mut self, now: impl Into<Now>) -> bool {
+        let now = self.time.input(now.into());
         match self.random_connected(1, None).pop() {
             Some(p) if !self.stopping => {
-                self.send_digest(p, now_ms);
+                self.send_digest(p, now);
                 true
             }
             _ => false,
@@ -742,10 +760,11 @@ impl Node {
     /// work (its own registrations and lease, reads, receiving deltas): at most one
     /// outbound connection, no rotation, the long backoff after a failed dial, and no full
     /// state sent unless a peer asks for one (`NeedFull`).
-    pub fn set_crash_guard(&mut self, on: bool, now_ms: u64) {
+    pub fn set_crash_guard(&mut self, on: bool, now: impl Into<Now>) {
+        let now = self.time.input(now.into());
         self.guarded = on;
         if !on {
-            self.dial_more(now_ms);
+            self.dial_more(now);
         }
     }
 
@@ -774,11 +793,16 @@ impl Node {
                 id: *id,
                 url: p.url.clone(),
                 name: p.name.clone(),
-                backoff: p.backoff,
-                full_sent_at: p.full_sent_at,
+                // Kept in monotonic time; saved in wall time, by the last input's offset.
+                backoff: self.time.backoff_to_wall(p.backoff),
+                full_sent_at: p.full_sent_at.map(|t| self.time.wall_of(t)),
             })
             .collect();
-        let seeds = self.seeds.iter().map(|(u, (b, _))| (u.clone(), *b)).collect();
+        let seeds = self
+            .seeds
+            .iter()
+            .map(|(u, (b, _))| (u.clone(), self.time.backoff_to_wall(*b)))
+            .collect();
         Memory {
             peers,
             seeds,
@@ -802,18 +826,18 @@ impl Node {
 
     /// Sends `peer` our digest, unless one is already in flight to it (sent less than
     /// [`DIGEST_COALESCE_MS`] ago and not answered): every reason to ask shares it.
-    pub(super) fn send_digest(&mut self, peer: ReplicaId, now_ms: u64) {
+    pub(super) fn send_digest(&mut self, peer: ReplicaId, now: Now) {
         let in_flight = self
             .peers
             .get(&peer)
             .and_then(|p| p.digest_sent_at)
-            .is_some_and(|t| now_ms < t + DIGEST_COALESCE_MS);
+            .is_some_and(|t| now.mono_ms < t + DIGEST_COALESCE_MS);
         if in_flight {
             self.counters.digests_coalesced += 1;
             return;
         }
-        self.peers.entry(peer).or_default().digest_sent_at = Some(now_ms);
-        self.send_to_peer(peer, Message::digest(self.replica.context(), false), now_ms);
+        self.peers.entry(peer).or_default().digest_sent_at = Some(now.mono_ms);
+        self.send_to_peer(peer, Message::digest(self.replica.context(), false), now);
     }
 
     /// The peers whose last digest shows they hold `dot`.
@@ -842,24 +866,28 @@ impl Node {
     }
 
     /// Removes an instance this node owns. Returns whether there was one.
-    pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now_ms: u64) -> bool {
+    pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now: impl Into<Now>) -> bool {
+        let now = self.time.input(now.into());
         let owned = self.owned.remove(&(service.clone(), provider.clone())).is_some();
-        match self.replica.deregister(service.clone(), provider.clone(), now_ms) {
+        match self
+            .replica
+            .deregister(service.clone(), provider.clone(), now.wall_ms)
+        {
             Some(applied) => {
-                self.local_delta(applied.delta, applied.changes, now_ms);
+                self.local_delta(applied.delta, applied.changes, now);
                 true
             }
             None => owned,
         }
     }
 
-    pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now_ms: u64) {
+    pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now: Now) {
         self.buffer.push(None, delta);
-        self.schedule_push(now_ms);
-        self.emit_changes(changes, now_ms);
+        self.schedule_push(now);
+        self.emit_changes(changes, now);
     }
 
-    fn emit_changes(&mut self, changes: Vec<Change>, now_ms: u64) {
+    fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
         let mut lost = Vec::new();
         for c in changes {
             if let Change::Down { service, provider } = &c {
@@ -875,10 +903,10 @@ impl Node {
             if self.stopping {
                 break;
             }
-            let now = self.clock.tick(now_ms);
-            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, o.ttl_ms, now) {
+            let stamp = self.clock.tick(now.wall_ms);
+            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, o.ttl_ms, stamp) {
                 self.buffer.push(None, applied.delta);
-                self.schedule_push(now_ms);
+                self.schedule_push(now);
                 for c in applied.changes {
                     self.outputs.push_back(Output::Event(c));
                 }
@@ -889,10 +917,10 @@ impl Node {
     /// Pushes are spaced `push_delay` apart: a delta after a quiet spell is due at once
     /// (the push runs when the driver next asks for timeouts, so everything the current
     /// input made goes in one message); one during a burst waits for the batch.
-    fn schedule_push(&mut self, now_ms: u64) {
+    fn schedule_push(&mut self, now: Now) {
         if self.push_at.is_none() {
-            let spaced = self.pushed_at.map_or(now_ms, |t| t + self.cfg.push_delay_ms);
-            self.push_at = Some(spaced.max(now_ms));
+            let spaced = self.pushed_at.map_or(now.mono_ms, |t| t + self.cfg.push_delay_ms);
+            self.push_at = Some(spaced.max(now.mono_ms));
         }
     }
 
@@ -901,12 +929,14 @@ impl Node {
         self.outputs.pop_front()
     }
 
-    /// When [`Node::handle_timeout`] should next be called.
+    /// When [`Node::handle_timeout`] should next be called, on the monotonic clock
+    /// ([`Now::mono_ms`]): the earliest deadline it serves.
     pub fn poll_timeout(&self) -> u64 {
         let mut t = self
             .gossip_at
             .min(self.digest_at)
             .min(self.renew_at)
+            .min(self.reconnect_at)
             .min(self.rotate_at);
         if let Some(p) = self.push_at {
             t = t.min(p);
@@ -914,38 +944,40 @@ impl Node {
         t
     }
 
-    /// Runs whatever timers are due at `now_ms`.
-    pub fn handle_timeout(&mut self, now_ms: u64) {
-        if self.push_at.is_some_and(|t| t <= now_ms) {
+    /// Runs whatever timers are due at `now` (on its monotonic clock).
+    pub fn handle_timeout(&mut self, now: impl Into<Now>) {
+        let now = self.time.input(now.into());
+        let mono = now.mono_ms;
+        if self.push_at.is_some_and(|t| t <= mono) {
             self.push_at = None;
-            self.pushed_at = Some(now_ms);
-            self.push(now_ms);
+            self.pushed_at = Some(mono);
+            self.push(now);
         }
-        if self.renew_at <= now_ms {
-            self.renew(now_ms);
+        if self.renew_at <= mono {
+            self.renew(now);
         }
-        if self.gossip_at <= now_ms {
-            self.gossip_at = now_ms + self.jitter(self.cfg.gossip_interval_ms);
-            self.gossip(now_ms);
-            self.report_lapsed(now_ms);
-            self.expire(now_ms);
-            self.release_seed(now_ms);
-            self.dial_more(now_ms);
+        if self.gossip_at <= mono {
+            self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
+            self.gossip(now);
+            self.report_lapsed(now);
+            self.expire(now);
+            self.release_seed(now);
+            self.dial_more(now);
         }
-        if self.digest_at <= now_ms {
-            self.digest_at = now_ms + self.jitter(self.cfg.digest_interval_ms);
+        if self.digest_at <= mono {
+            self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
             if let Some(p) = self.random_connected(1, None).pop() {
-                self.send_digest(p, now_ms);
+                self.send_digest(p, now);
             }
         }
-        if self.reconnect_at <= now_ms {
-            self.reconnect_at = now_ms + self.jitter(self.cfg.reconnect_interval_ms.max(1));
-            self.reconnect_lost(now_ms);
+        if self.reconnect_at <= mono {
+            self.reconnect_at = mono + self.jitter(self.cfg.reconnect_interval_ms.max(1));
+            self.reconnect_lost(now);
         }
-        if self.rotate_at <= now_ms {
-            self.rotate_at = now_ms + self.jitter(self.cfg.rotate_interval_ms.max(1));
+        if self.rotate_at <= mono {
+            self.rotate_at = mono + self.jitter(self.cfg.rotate_interval_ms.max(1));
             if self.cfg.rotate_interval_ms > 0 {
-                self.rotate(now_ms);
+                self.rotate(now);
             }
         }
     }
@@ -954,7 +986,7 @@ impl Node {
         (d * 3 / 4 + self.rng.random_range(0..=d / 2)).max(1)
     }
 
-    fn renew(&mut self, now_ms: u64) {
+    fn renew(&mut self, now: Now) {
         let providers: BTreeMap<ProviderId, u64> = self
             .owned
             .iter()
@@ -962,11 +994,11 @@ impl Node {
             .collect();
         let mut next = u64::MAX;
         for (p, ttl) in providers {
-            let now = self.clock.tick(now_ms);
+            let stamp = self.clock.tick(now.wall_ms);
             let ttl = self.lease_ttl(ttl);
-            if let Ok(applied) = self.replica.renew(p, ttl, now) {
+            if let Ok(applied) = self.replica.renew(p, ttl, stamp) {
                 self.buffer.push(None, applied.delta);
-                self.schedule_push(now_ms);
+                self.schedule_push(now);
             }
             next = next.min(ttl / 2);
         }
@@ -978,43 +1010,43 @@ impl Node {
         // cost a third more idle traffic, for margin nobody needed.)
         self.renew_at = match next {
             u64::MAX => u64::MAX,
-            half => now_ms + half - self.rng.random_range(0..=half / 4),
+            half => now.mono_ms + half - self.rng.random_range(0..=half / 4),
         };
     }
 
     /// Tells watchers of instances whose lease ended since the last check: reads hide them
     /// at once, but no delta says so until a sweep (after the hold-off, and then the join
     /// sees them already hidden).
-    fn report_lapsed(&mut self, now_ms: u64) {
-        if now_ms <= self.lapse_checked {
+    fn report_lapsed(&mut self, now: Now) {
+        if now.wall_ms <= self.lapse_checked {
             return;
         }
-        let lapsed = self.replica.lapsed(self.lapse_checked, now_ms);
-        self.lapse_checked = now_ms;
-        self.emit_changes(lapsed, now_ms);
+        let lapsed = self.replica.lapsed(self.lapse_checked, now.wall_ms);
+        self.lapse_checked = now.wall_ms;
+        self.emit_changes(lapsed, now);
     }
 
     /// Whether a full state sent to `peer` is still waiting for its acknowledgement.
-    fn full_in_flight(&self, peer: ReplicaId, now_ms: u64) -> bool {
+    fn full_in_flight(&self, peer: ReplicaId, now: Now) -> bool {
         let sent = self.peers.get(&peer).and_then(|p| p.full_sent_at);
-        sent.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms)
+        sent.is_some_and(|t| now.mono_ms < t + self.cfg.full_sync_pause_ms)
     }
 
-    /// What a state from a peer may hold at `now_ms`.
-    pub(super) fn bounds(&self, now_ms: u64) -> Bounds {
+    /// What a state from a peer may hold at `now`.
+    pub(super) fn bounds(&self, now: Now) -> Bounds {
         Bounds {
-            now_ms,
+            now_ms: now.wall_ms,
             max_clock_skew_ms: self.cfg.max_skew_ms,
             max_counter_jump: self.cfg.max_counter_jump,
         }
     }
 
-    fn expire(&mut self, now_ms: u64) {
-        if now_ms < self.expire_from {
+    fn expire(&mut self, now: Now) {
+        if now.mono_ms < self.expire_from {
             return;
         }
-        if let Some(applied) = self.replica.expire(now_ms, self.cfg.expire_grace_ms) {
-            self.local_delta(applied.delta, applied.changes, now_ms);
+        if let Some(applied) = self.replica.expire(now.wall_ms, self.cfg.expire_grace_ms) {
+            self.local_delta(applied.delta, applied.changes, now);
         }
     }
 
@@ -1032,20 +1064,21 @@ impl Node {
         &mut self,
         conn: ConnId,
         envelope: Envelope,
-        now_ms: u64,
+        now: impl Into<Now>,
     ) -> Result<(), ProtocolError> {
+        let now = self.time.input(now.into());
         let Some(peer) = self.conns.get(&conn).map(|c| c.peer) else {
             return Err(ProtocolError::UnknownConnection(conn));
         };
         self.counters.messages_received += 1;
-        let result = self.handle(conn, peer, envelope, now_ms);
+        let result = self.handle(conn, peer, envelope, now);
         if let Err(e) = &result {
             if let ProtocolError::Refused(_) = e {
                 self.counters.states_refused += 1;
             }
             if e.closes() {
                 self.counters.refused += 1;
-                self.close(conn, &e.to_string(), now_ms);
+                self.close(conn, &e.to_string(), now);
             }
         }
         result
@@ -1056,14 +1089,14 @@ impl Node {
         conn: ConnId,
         peer: ReplicaId,
         envelope: Envelope,
-        now_ms: u64,
+        now: Now,
     ) -> Result<(), ProtocolError> {
         self.clock
-            .observe(envelope.sent_at, now_ms, self.cfg.max_skew_ms)?;
+            .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
         match envelope.message {
             Message::Digest { ctx, reply } => {
                 let theirs = message::decode_digest(&ctx)?;
-                self.refute(&theirs, now_ms);
+                self.refute(&theirs, now);
                 let ours = self.replica.context().clone();
                 let p = self.peers.entry(peer).or_default();
                 p.digest = Some(theirs.clone());
@@ -1074,27 +1107,27 @@ impl Node {
                     // again: a large one takes the peer a while to join, and digests it
                     // sent meanwhile would otherwise each cost another.
                     let acked = self.peers.get(&peer).and_then(|p| p.acked);
-                    let in_flight = self.full_in_flight(peer, now_ms);
+                    let in_flight = self.full_in_flight(peer, now);
                     match acked {
                         Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
-                            self.sync_peer(peer, false, now_ms)
+                            self.sync_peer(peer, false, now)
                         }
                         // Under the crash-loop guard, no full state unless the peer asks.
-                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now_ms),
+                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now),
                         _ if in_flight || self.guarded => {}
-                        _ => self.send_full(peer, &theirs, now_ms),
+                        _ => self.send_full(peer, &theirs, now),
                     }
                 }
                 if !reply && !ours.includes(&theirs) {
-                    self.send(conn, Message::digest(&ours, true), now_ms);
+                    self.send(conn, Message::digest(&ours, true), now);
                 }
             }
             Message::Delta { seq, delta } => {
                 let delta = message::decode_delta(&delta)?;
                 self.peers.entry(peer).or_default().digest_sent_at = None;
-                self.admit(&delta, now_ms)?;
-                self.apply(peer, delta, now_ms);
-                self.send(conn, Message::Ack { seq }, now_ms);
+                self.admit(&delta, now)?;
+                self.apply(peer, delta, now);
+                self.send(conn, Message::Ack { seq }, now);
             }
             Message::Elided { seq, elided } => {
                 let elided = message::decode_elided(&elided)?;
@@ -1102,11 +1135,11 @@ impl Node {
                 self.counters.full_syncs_received += 1;
                 match elided.into_state(self.replica.state()) {
                     Ok(full) => {
-                        self.admit(&full, now_ms)?;
-                        self.apply(peer, full, now_ms);
-                        self.send(conn, Message::Ack { seq }, now_ms);
+                        self.admit(&full, now)?;
+                        self.apply(peer, full, now);
+                        self.send(conn, Message::Ack { seq }, now);
                     }
-                    Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now_ms),
+                    Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now),
                     Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
                 }
             }
@@ -1118,8 +1151,8 @@ impl Node {
             }
             // At most one full state per pause, however often a peer asks: a request of a
             // few bytes must not buy a registry's worth of them each time.
-            Message::NeedFull if !self.full_in_flight(peer, now_ms) => {
-                self.send_full(peer, &CausalContext::new(), now_ms)
+            Message::NeedFull if !self.full_in_flight(peer, now) => {
+                self.send_full(peer, &CausalContext::new(), now)
             }
             Message::NeedFull => {}
             Message::Redirect { urls } => {
@@ -1134,11 +1167,11 @@ impl Node {
                 let policy = self.cfg.backoff;
                 let full = Failure::RetryAfter(policy.cap_ms);
                 let p = self.peers.entry(peer).or_default();
-                p.backoff.fail(&policy, full, now_ms, draw);
+                p.backoff.fail(&policy, full, now.mono_ms, draw);
                 // Dialed as a seed: that address waits too, so we try the others first.
                 let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
                 if let Some((b, _)) = seed.and_then(|u| self.seeds.get_mut(&u)) {
-                    b.fail(&policy, full, now_ms, draw);
+                    b.fail(&policy, full, now.mono_ms, draw);
                 }
             }
             Message::Goodbye { .. } => {
@@ -1155,13 +1188,14 @@ impl Node {
     /// Leaves the cluster gracefully: removes everything this node owns (its membership
     /// too), pushes that to every connected peer at once, and says goodbye. The driver then
     /// flushes the outputs and closes within its deadline.
-    pub fn shutdown(&mut self, now_ms: u64) {
+    pub fn shutdown(&mut self, now: impl Into<Now>) {
+        let now = self.time.input(now.into());
         self.stopping = true;
         let providers: BTreeSet<ProviderId> = self.owned.keys().map(|(_, p)| p.clone()).collect();
         self.owned.clear();
         let mut farewell = State::new_delta();
         for p in providers {
-            if let Some(applied) = self.replica.deregister_provider(&p, now_ms) {
+            if let Some(applied) = self.replica.deregister_provider(&p, now.wall_ms) {
                 farewell.join(applied.delta.clone());
                 self.buffer.push(None, applied.delta);
                 for c in applied.changes {
@@ -1173,11 +1207,11 @@ impl Node {
         let head = self.buffer.head();
         let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for p in peers {
-            self.send_to_peer(p, Message::delta(head, &farewell), now_ms);
+            self.send_to_peer(p, Message::delta(head, &farewell), now);
         }
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();
         for c in conns {
-            self.close(c, "shutting down", now_ms);
+            self.close(c, "shutting down", now);
         }
         self.push_at = None;
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 
-use super::{ConnId, Node, Output, MAX_FORWARD_DOTS};
+use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
 use crate::message::{Envelope, Message};
 
 impl Node {
@@ -28,25 +28,25 @@ impl Node {
     }
 
     /// Pushes new deltas to `fanout` random peers that are up to date but for them.
-    pub(super) fn push(&mut self, now_ms: u64) {
+    pub(super) fn push(&mut self, now: Now) {
         // Every connected peer that lacks it (the connections are few: about twice the
         // fanout), so a change floods the connection graph in milliseconds; a peer that
         // already has it forwards nothing, so the flood stops by itself.
         let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for p in peers {
-            self.sync_peer(p, false, now_ms);
+            self.sync_peer(p, false, now);
         }
     }
 
-    pub(super) fn gossip(&mut self, now_ms: u64) {
+    pub(super) fn gossip(&mut self, now: Now) {
         for p in self.random_connected(self.cfg.fanout, None) {
-            self.sync_peer(p, true, now_ms);
+            self.sync_peer(p, true, now);
         }
     }
 
     /// Sends `peer` what it has not acknowledged: from the buffer when it covers the peer's
     /// acknowledgement, else (on a gossip round) the state elided against its digest.
-    pub(super) fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now_ms: u64) {
+    pub(super) fn sync_peer(&mut self, peer: ReplicaId, repair: bool, now: Now) {
         let head = self.buffer.head();
         // The peer's digest (a context naming every node) is cloned only where it is used:
         // a clone per push would cost O(nodes) per message.
@@ -68,7 +68,7 @@ impl Node {
                     .filter(|p| p.adopted)
                     .and_then(|p| p.digest.as_ref());
                 match self.buffer.since_for(a, peer, seen) {
-                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now_ms),
+                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
                         if let Some(p) = self.peers.get_mut(&peer) {
@@ -82,41 +82,41 @@ impl Node {
                 }
             }
             _ if repair => {
-                let paused = full_sent_at.is_some_and(|t| now_ms < t + self.cfg.full_sync_pause_ms);
+                let paused = full_sent_at.is_some_and(|t| now.mono_ms < t + self.cfg.full_sync_pause_ms);
                 let digest = self.peers.get(&peer).and_then(|p| p.digest.clone());
                 match digest {
                     // Under the crash-loop guard, no full state unless the peer asks.
-                    Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now_ms),
+                    Some(d) if self.adopt_base(peer, &d) => self.sync_peer(peer, true, now),
                     _ if paused || self.guarded => {}
-                    Some(digest) => self.send_full(peer, &digest, now_ms),
-                    None => self.send_digest(peer, now_ms),
+                    Some(digest) => self.send_full(peer, &digest, now),
+                    None => self.send_digest(peer, now),
                 }
             }
             _ => {}
         }
     }
 
-    pub(super) fn send_full(&mut self, peer: ReplicaId, digest: &CausalContext, now_ms: u64) {
+    pub(super) fn send_full(&mut self, peer: ReplicaId, digest: &CausalContext, now: Now) {
         let elided = self.replica.elide_for(digest);
         self.counters.full_syncs_sent += 1;
         let head = self.buffer.head();
         if let Some(p) = self.peers.get_mut(&peer) {
-            p.full_sent_at = Some(now_ms);
+            p.full_sent_at = Some(now.mono_ms);
             p.sent = Some(head);
         }
-        self.send_to_peer(peer, Message::elided(head, &elided), now_ms);
+        self.send_to_peer(peer, Message::elided(head, &elided), now);
     }
 
     /// Sends on one of the peer's connections (the oldest).
-    pub(super) fn send_to_peer(&mut self, peer: ReplicaId, message: Message, now_ms: u64) {
+    pub(super) fn send_to_peer(&mut self, peer: ReplicaId, message: Message, now: Now) {
         if let Some((&conn, _)) = self.conns.iter().find(|(_, c)| c.peer == peer) {
-            self.send(conn, message, now_ms);
+            self.send(conn, message, now);
         }
     }
 
-    pub(super) fn send(&mut self, conn: ConnId, message: Message, now_ms: u64) {
+    pub(super) fn send(&mut self, conn: ConnId, message: Message, now: Now) {
         let envelope = Envelope {
-            sent_at: self.clock.tick(now_ms),
+            sent_at: self.clock.tick(now.wall_ms),
             message,
         };
         self.counters.messages_sent += 1;
@@ -127,42 +127,45 @@ impl Node {
     /// Checks a state from a peer before it is joined (`Replica::admit`). A state that
     /// says untrue things about our own dots (forged ones, or a retirement of us) is
     /// answered at once with the truth, so peers that took it drop it.
-    pub(super) fn admit(&mut self, state: &State, now_ms: u64) -> Result<(), Refusal> {
-        let refused = self.replica.admit(state, &self.bounds(now_ms));
+    pub(super) fn admit(&mut self, state: &State, now: Now) -> Result<(), Refusal> {
+        let refused = self.replica.admit(state, &self.bounds(now));
         if let Err(Refusal::OwnDotAhead { .. } | Refusal::RetiresReceiver(_)) = &refused {
-            self.refute(state.context(), now_ms);
+            self.refute(state.context(), now);
         }
         refused
     }
 
     /// Answers a peer whose context claims dots of ours we never minted, or retires us
     /// over writes we hold: ships the truth about our dots (`Replica::refute`).
-    pub(super) fn refute(&mut self, peer: &CausalContext, now_ms: u64) {
-        if let Some(applied) = self.replica.refute(peer, self.cfg.max_counter_jump, now_ms) {
+    pub(super) fn refute(&mut self, peer: &CausalContext, now: Now) {
+        let jump = self.cfg.max_counter_jump;
+        if let Some(applied) = self.replica.refute(peer, jump, now.wall_ms) {
             self.counters.forgeries_refuted += 1;
-            self.local_delta(applied.delta, applied.changes, now_ms);
+            self.local_delta(applied.delta, applied.changes, now);
         }
     }
 
-    pub(super) fn apply(&mut self, from: ReplicaId, delta: State, now_ms: u64) {
-        let (report, changes, learnt) = self.replica.apply_collecting(delta, now_ms, MAX_FORWARD_DOTS);
+    pub(super) fn apply(&mut self, from: ReplicaId, delta: State, now: Now) {
+        let (report, changes, learnt) = self
+            .replica
+            .apply_collecting(delta, now.wall_ms, MAX_FORWARD_DOTS);
         if report.changed() {
             self.counters.deltas_applied += 1;
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
                     self.buffer.push(Some(from), delta);
-                    self.schedule_push(now_ms);
+                    self.schedule_push(now);
                 }
-                None => self.learnt_out_of_band(now_ms),
+                None => self.learnt_out_of_band(now),
             }
         }
-        self.emit_changes(changes, now_ms);
+        self.emit_changes(changes, now);
     }
 
     /// A full sync taught us things the buffer does not hold: peers' acknowledgements no
     /// longer mean they have everything we have, so ask each what it lacks.
-    pub(super) fn learnt_out_of_band(&mut self, now_ms: u64) {
+    pub(super) fn learnt_out_of_band(&mut self, now: Now) {
         // The buffer no longer holds everything learnt since this process started.
         self.base_valid = false;
         for p in self.peers.values_mut() {
@@ -170,7 +173,7 @@ impl Node {
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for peer in connected {
-            self.send_digest(peer, now_ms);
+            self.send_digest(peer, now);
         }
     }
 

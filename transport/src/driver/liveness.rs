@@ -1,0 +1,137 @@
+//! Whether a connection is alive: a WebSocket ping when nothing has arrived on it for a
+//! while, and a close when nothing (no frame, no pong) arrives for longer.
+//!
+//! A silent partition (packets dropped, no FIN, no reset) closes no TCP connection, so a
+//! link across the cut would keep its slot, and a node dials only when it has fewer
+//! outbound connections than it keeps. Every connection must therefore prove it is alive:
+//! a connection quiet for [`Limits::ping_after`] is pinged (the peer's WebSocket answers
+//! with a pong as it reads), and one on which nothing arrived for
+//! [`Limits::dead_after`] is closed and reported to the protocol as a disconnection, which
+//! redials the slot with the usual backoff.
+//!
+//! Idle traffic is a measured figure, so only quiet links are pinged, and only by one side:
+//! the side that dialed pings after `ping_after` of silence, the side that accepted after
+//! twice that. On an idle link the dialer's ping arrives first, and the acceptor, having
+//! heard it, has nothing to ask: one ping and one pong per `ping_after`. Any frame counts as
+//! a sign of life, so a link that carries traffic sends no ping at all.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::limits::Limits;
+
+/// What a connection's liveness asks for at a given moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Check {
+    /// Nothing to do before this time.
+    Wait(Instant),
+    /// Send a ping now; look again at this time.
+    Ping(Instant),
+    /// Nothing arrived for this long (at least `dead_after`): close the connection.
+    Dead(Duration),
+}
+
+/// When a connection last heard from its peer, and when it last pinged it.
+#[derive(Debug, Clone)]
+pub(super) struct Liveness {
+    ping_after: Duration,
+    dead_after: Duration,
+    heard: Instant,
+    pinged: Option<Instant>,
+}
+
+impl Liveness {
+    /// A connection that just opened (`now`). `outbound`: this side dialed it.
+    pub(super) fn new(limits: &Limits, outbound: bool, now: Instant) -> Self {
+        let ping_after = if outbound {
+            limits.ping_after
+        } else {
+            limits.ping_after.saturating_mul(2)
+        };
+        Self {
+            ping_after,
+            dead_after: limits.dead_after,
+            heard: now,
+            pinged: None,
+        }
+    }
+
+    /// Something (a frame, a ping, a pong) arrived at `now`.
+    pub(super) fn heard(&mut self, now: Instant) {
+        self.heard = now;
+        self.pinged = None;
+    }
+
+    /// What to do at `now`: wait, ping (at most once per `ping_after` of silence), or close.
+    pub(super) fn check(&mut self, now: Instant) -> Check {
+        let silent = now.saturating_duration_since(self.heard);
+        let dead_at = self.heard + self.dead_after;
+        if now >= dead_at {
+            return Check::Dead(silent);
+        }
+        let ping_at = self.pinged.unwrap_or(self.heard) + self.ping_after;
+        if now >= ping_at {
+            self.pinged = Some(now);
+            return Check::Ping((now + self.ping_after).min(dead_at));
+        }
+        Check::Wait(ping_at.min(dead_at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            ping_after: Duration::from_secs(2),
+            dead_after: Duration::from_secs(6),
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn a_quiet_link_is_pinged_by_its_dialer_and_closed_when_nothing_answers() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut live = Liveness::new(&limits(), true, t0);
+        assert_eq!(live.check(t0), Check::Wait(t0 + s(2)));
+        assert_eq!(live.check(t0 + s(2)), Check::Ping(t0 + s(4)));
+        // One ping per interval of silence, not one per look.
+        assert_eq!(live.check(t0 + s(3)), Check::Wait(t0 + s(4)));
+        assert_eq!(live.check(t0 + s(4)), Check::Ping(t0 + s(6)));
+        assert_eq!(live.check(t0 + s(6)), Check::Dead(s(6)));
+    }
+
+    #[test]
+    fn anything_heard_keeps_a_link_alive_and_resets_its_ping() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut live = Liveness::new(&limits(), true, t0);
+        assert_eq!(live.check(t0 + s(2)), Check::Ping(t0 + s(4)));
+        // The pong arrives: the next ping is a full interval of silence away.
+        live.heard(t0 + s(2));
+        assert_eq!(live.check(t0 + s(3)), Check::Wait(t0 + s(4)));
+        for k in 1..100 {
+            live.heard(t0 + s(k));
+        }
+        assert_eq!(live.check(t0 + s(100)), Check::Wait(t0 + s(101)));
+    }
+
+    #[test]
+    fn the_accepting_side_waits_longer_so_one_ping_crosses_an_idle_link() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut dialer = Liveness::new(&limits(), true, t0);
+        let mut acceptor = Liveness::new(&limits(), false, t0);
+        assert_eq!(dialer.check(t0 + s(2)), Check::Ping(t0 + s(4)));
+        // The acceptor hears the ping before its own turn comes.
+        assert_eq!(acceptor.check(t0 + s(2)), Check::Wait(t0 + s(4)));
+        acceptor.heard(t0 + s(2));
+        assert_eq!(acceptor.check(t0 + s(4)), Check::Wait(t0 + s(6)));
+        // A dialer that stopped pinging: the acceptor pings, then closes.
+        assert_eq!(acceptor.check(t0 + s(6)), Check::Ping(t0 + s(8)));
+        assert_eq!(acceptor.check(t0 + s(8)), Check::Dead(s(6)));
+    }
+}

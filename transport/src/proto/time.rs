@@ -1,0 +1,139 @@
+//! The two clocks the protocol is given: a monotonic one for its timers, and the wall clock
+//! for what other nodes read (HLC stamps, leases, clock-skew checks).
+//!
+//! Timers run on the monotonic clock, so a wall clock that steps (an NTP step, a bad RTC,
+//! an operator) neither stalls them nor fires them all at once. The wall time the node uses
+//! never runs slower than the monotonic clock: a wall clock that steps back is not
+//! believed, and the node's wall time keeps running from where it was until the wall clock
+//! is ahead of it again. Believed, a step back of an hour would stamp every write and
+//! renewal an hour behind the node's own clock (the HLC does not go back, so its leases
+//! would stop moving and lapse at every peer), and make every peer's message look an hour
+//! ahead, refused as clock skew. A step forward is believed at once: it cannot be told
+//! from the correction of a clock that ran slow.
+
+/// The time of an input to the protocol: both clocks, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// A monotonic clock (any origin; it never goes back): timers run on it.
+    pub mono_ms: u64,
+    /// The wall clock, in milliseconds since the Unix epoch: HLC stamps and leases.
+    pub wall_ms: u64,
+}
+
+impl Now {
+    /// Both clocks at `ms`: for a driver with one clock that never steps (a test, the
+    /// simulator without clock faults).
+    pub fn at(ms: u64) -> Self {
+        Self {
+            mono_ms: ms,
+            wall_ms: ms,
+        }
+    }
+}
+
+impl From<u64> for Now {
+    /// Both clocks at `ms` (see [`Now::at`]).
+    fn from(ms: u64) -> Self {
+        Self::at(ms)
+    }
+}
+
+/// The node's wall time: the wall clock, except that it never runs slower than the
+/// monotonic clock since the last input.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WallGuard {
+    last: Now,
+}
+
+impl WallGuard {
+    pub(super) fn new(now: Now) -> Self {
+        Self { last: now }
+    }
+
+    /// The time of an input, with the wall time the node goes by. A monotonic clock that
+    /// went back (a driver bug) is taken as standing still.
+    pub(super) fn input(&mut self, now: Now) -> Now {
+        let mono_ms = now.mono_ms.max(self.last.mono_ms);
+        let ran = mono_ms - self.last.mono_ms;
+        let wall_ms = now.wall_ms.max(self.last.wall_ms.saturating_add(ran));
+        self.last = Now { mono_ms, wall_ms };
+        self.last
+    }
+
+    /// A monotonic time as a wall time, by the last input's offset (for what outlives the
+    /// process: backoffs and times saved to disk).
+    pub(super) fn wall_of(&self, mono_ms: u64) -> u64 {
+        let (m, w) = (self.last.mono_ms, self.last.wall_ms);
+        if mono_ms >= m {
+            w.saturating_add(mono_ms - m)
+        } else {
+            w.saturating_sub(m - mono_ms)
+        }
+    }
+
+    /// A backoff saved in wall time, in monotonic time.
+    pub(super) fn backoff_to_mono(&self, b: crate::backoff::Backoff) -> crate::backoff::Backoff {
+        crate::backoff::Backoff {
+            not_before_ms: self.mono_of(b.not_before_ms),
+            ..b
+        }
+    }
+
+    /// A backoff kept in monotonic time, in wall time (to save).
+    pub(super) fn backoff_to_wall(&self, b: crate::backoff::Backoff) -> crate::backoff::Backoff {
+        crate::backoff::Backoff {
+            not_before_ms: self.wall_of(b.not_before_ms),
+            ..b
+        }
+    }
+
+    /// A wall time (from disk) as a monotonic time, by the last input's offset.
+    pub(super) fn mono_of(&self, wall_ms: u64) -> u64 {
+        let (m, w) = (self.last.mono_ms, self.last.wall_ms);
+        if wall_ms >= w {
+            m.saturating_add(wall_ms - w)
+        } else {
+            m.saturating_sub(w - wall_ms)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: u64 = 3_600_000;
+
+    #[test]
+    fn a_wall_clock_that_steps_back_is_not_believed_and_one_that_steps_forward_is() {
+        let t0 = 1_700_000_000_000;
+        let mut g = WallGuard::new(Now::at(t0));
+        let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
+        // An hour back: the node's wall time keeps running with the monotonic clock.
+        assert_eq!(g.input(at(t0 + 1_000, t0 + 1_000 - H)).wall_ms, t0 + 1_000);
+        assert_eq!(g.input(at(t0 + 5_000, t0 + 5_000 - H)).wall_ms, t0 + 5_000);
+        // The wall clock runs fast for a while: it is believed once ahead.
+        assert_eq!(g.input(at(t0 + 6_000, t0 + 6_500)).wall_ms, t0 + 6_500);
+        // An hour forward is believed at once.
+        assert_eq!(g.input(at(t0 + 7_000, t0 + 7_000 + H)).wall_ms, t0 + 7_000 + H);
+        // A monotonic clock that goes back is taken as standing still.
+        let n = g.input(at(t0, t0 + 7_000 + H));
+        assert_eq!((n.mono_ms, n.wall_ms), (t0 + 7_000, t0 + 7_000 + H));
+    }
+
+    #[test]
+    fn times_convert_between_the_clocks_by_the_last_offset() {
+        let mut g = WallGuard::new(Now {
+            mono_ms: 10,
+            wall_ms: 1_000,
+        });
+        g.input(Now {
+            mono_ms: 20,
+            wall_ms: 1_010,
+        });
+        assert_eq!(g.wall_of(25), 1_015);
+        assert_eq!(g.wall_of(5), 995);
+        assert_eq!(g.mono_of(1_015), 25);
+        assert_eq!(g.mono_of(900), 0, "saturates");
+    }
+}
