@@ -220,6 +220,22 @@ pub struct StatusView {
     pub instances: u64,
     /// Counters.
     pub counters: CountersView,
+    /// `None` while the data directory can be written; after a write failed, since when,
+    /// the last error and when the agent tries again.
+    pub store: Option<StoreView>,
+}
+
+/// A data directory that cannot be written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreView {
+    /// When writes started to fail (wall ms).
+    pub since_ms: u64,
+    /// The last error.
+    pub last_error: String,
+    /// Failures since then.
+    pub failures: u32,
+    /// When the agent next tries to reopen the file (wall ms).
+    pub next_retry_ms: u64,
 }
 
 /// One write a register holds.

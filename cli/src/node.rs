@@ -1183,6 +1183,12 @@ impl Node {
             data_dir: self.inner.data_dir.as_ref().map(|d| d.display().to_string()),
             services: services.len() as u64,
             instances: services.iter().map(|(_, n)| *n as u64).sum(),
+            store: self.store_health().map(|h| crate::api::StoreView {
+                since_ms: h.since_ms,
+                last_error: h.last_error,
+                failures: h.failures,
+                next_retry_ms: h.next_retry_ms,
+            }),
             counters: CountersView {
                 connections_opened: c.protocol.dials,
                 connections_accepted: c

@@ -164,6 +164,16 @@ pub fn status(s: &StatusView) {
             s.launches_recent
         ),
         format!("crash guard:     {}", if s.crash_guard { "on" } else { "off" }),
+        match &s.store {
+            None if s.data_dir.is_some() => "store:           ok".to_string(),
+            None => "store:           (none)".to_string(),
+            Some(h) => format!(
+                "store:           DEGRADED: cannot be written since {} ({}); changes are refused; next try {}",
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(h.since_ms)),
+                h.last_error,
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(h.next_retry_ms)),
+            ),
+        },
         format!("peers:           {}", s.peers.len()),
     ];
     for p in &s.peers {

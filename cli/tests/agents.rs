@@ -1717,6 +1717,20 @@ fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_onc
     let out = a.roster(&["deregister", "web", "w1"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert_eq!(ids(&a), vec!["w1"], "what was not saved is not deregistered");
+    let store = &a.json(&["status"])["store"];
+    assert!(
+        store["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device")
+            && store["since_ms"].as_u64().unwrap() > 0,
+        "{store}"
+    );
+    let human = text(&a.roster(&["status"]).stdout);
+    assert!(
+        human.contains("store:           DEGRADED: cannot be written since"),
+        "{human}"
+    );
     within(
         Duration::from_secs(10),
         "a registration whose ttl passed is gone though its removal cannot be saved",
@@ -1742,6 +1756,11 @@ fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_onc
     });
     assert!(a.roster(&["deregister", "web", "w1"]).status.success());
     assert_eq!(ids(&a), vec!["w2"]);
+    within(
+        Duration::from_secs(5),
+        "status shows the store healthy again",
+        || a.json(&["status"])["store"].is_null(),
+    );
     drop(a);
 }
 
