@@ -49,6 +49,10 @@ pub struct AgentArgs {
     /// The least time between two `roster sync` runs [default: 30s].
     #[arg(long, value_name = "DUR", env = "ROSTER_SYNC_MIN_INTERVAL", value_parser = parse_duration)]
     sync_min_interval: Option<Duration>,
+    /// How far ahead of this node's clock a peer's clock, and any time in what it sends,
+    /// may be; further is refused [default: 5s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_MAX_CLOCK_SKEW", value_parser = parse_duration)]
+    max_clock_skew: Option<Duration>,
     /// The cluster's name; nodes of another cluster are refused [default: roster].
     #[arg(long, value_name = "NAME", env = "ROSTER_CLUSTER")]
     cluster: Option<String>,
@@ -87,6 +91,7 @@ struct FileConfig {
     gossip_interval: Option<String>,
     lease_ttl: Option<String>,
     sync_min_interval: Option<String>,
+    max_clock_skew: Option<String>,
     cluster: Option<String>,
     crash_guard: Option<String>,
 }
@@ -245,6 +250,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         Some(d) => Some(d),
         None => file_duration(&cfg_path, &text, "sync-min-interval", file.sync_min_interval)?,
     };
+    let skew = match args.max_clock_skew {
+        Some(d) => Some(d),
+        None => file_duration(&cfg_path, &text, "max-clock-skew", file.max_clock_skew)?,
+    };
     let cluster = args.cluster.or(file.cluster);
     let guard = match (args.crash_guard, file.crash_guard) {
         (Some(g), _) => g,
@@ -283,6 +292,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     }
     if let Some(d) = sync_min {
         b = b.sync_min_interval(d);
+    }
+    if let Some(d) = skew {
+        b = b.max_clock_skew(d);
     }
     if let Some(c) = cluster {
         b = b.cluster(c);

@@ -32,6 +32,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
 pub const DEFAULT_AGENT_URL: &str = "ws://127.0.0.1:7420";
 /// The default lease of a node's registrations and of its membership.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// How far ahead of a node's clock a peer's may run by default (`--max-clock-skew`).
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(5);
+const MIN_CLOCK_SKEW_MS: u64 = 100;
+const MAX_CLOCK_SKEW_MS: u64 = 10 * 60 * 1000;
 /// The default least time between two manual syncs.
 pub const DEFAULT_SYNC_MIN_INTERVAL: Duration = Duration::from_secs(30);
 /// The default crash-loop guard: more than 5 launches within 5 minutes.
@@ -330,6 +334,7 @@ pub struct NodeBuilder {
     fanout: usize,
     gossip_interval: Duration,
     lease_ttl: Duration,
+    max_clock_skew: Duration,
     sync_min_interval: Duration,
     serve_clients: bool,
     client_auth_always: bool,
@@ -350,6 +355,7 @@ impl Default for NodeBuilder {
             fanout: protocol.fanout,
             gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
             lease_ttl: DEFAULT_LEASE_TTL,
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
             serve_clients: false,
             client_auth_always: false,
@@ -435,6 +441,16 @@ impl NodeBuilder {
         self
     }
 
+    /// How far ahead of this node's clock a peer's clock, and any time in what it sends (a
+    /// registration's write, a lease), may be (default 5 s); further is refused, so no
+    /// deadline lies further ahead than this plus the longest lease. Expired leases are
+    /// collected no sooner than this after their end.
+    #[must_use]
+    pub fn max_clock_skew(mut self, d: Duration) -> Self {
+        self.max_clock_skew = d;
+        self
+    }
+
     /// The least time between two manual syncs (default 30 s).
     #[must_use]
     pub fn sync_min_interval(mut self, d: Duration) -> Self {
@@ -489,6 +505,13 @@ impl NodeBuilder {
             return Err(Error::Invalid(format!(
                 "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
                 self.lease_ttl
+            )));
+        }
+        let skew = millis(self.max_clock_skew);
+        if !(MIN_CLOCK_SKEW_MS..=MAX_CLOCK_SKEW_MS).contains(&skew) {
+            return Err(Error::Invalid(format!(
+                "max clock skew {:?} is out of range; use 100ms to 10m",
+                self.max_clock_skew
             )));
         }
         if self.join.len() > proto::MAX_SEEDS {
@@ -653,6 +676,11 @@ impl NodeBuilder {
             max_outbound: self.fanout,
             gossip_interval_ms: millis(self.gossip_interval),
             member_lease_ttl_ms: millis(self.lease_ttl),
+            max_skew_ms: millis(self.max_clock_skew),
+            // The grace before collecting an ended lease is at least the allowed skew.
+            expire_grace_ms: proto::Config::default()
+                .expire_grace_ms
+                .max(millis(self.max_clock_skew)),
             ..proto::Config::default()
         };
         let (clients_tx, clients_rx) = mpsc::channel(CLIENT_QUEUE);

@@ -906,6 +906,10 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
             "join URL",
         ),
         (
+            vec!["agent", "--max-clock-skew", "1h", "--data-dir", &never],
+            "max clock skew",
+        ),
+        (
             vec![
                 "agent",
                 "--listen",
