@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::quiet_log::QuietLog;
+
 /// At most one log line per address in this long (refusals, handshake failures).
 pub(super) const LOG_INTERVAL: Duration = Duration::from_secs(60);
-/// Addresses the log gate remembers; past it, it forgets them all (a flood from more
-/// addresses than this logs at most this many lines per forgetting).
-const MAX_LOG_ADDRESSES: usize = 4_096;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -78,37 +77,29 @@ impl Drop for PendingGuard {
 }
 
 /// Logs of repeated refusals: at most one line per address per [`LOG_INTERVAL`]; the line
-/// says how many were left out since the last one. The counters count every refusal.
-#[derive(Debug, Default)]
+/// says how many were left out since the last one. The counters count every refusal. Shared
+/// by the connection tasks, so a [`QuietLog`] behind a lock, on a clock from the gate's start.
+#[derive(Debug)]
 pub(super) struct LogGate {
-    /// Per address: when it was last logged, and the refusals not logged since.
-    last: Mutex<HashMap<IpAddr, (Instant, u64)>>,
+    origin: Instant,
+    quiet: Mutex<QuietLog<IpAddr>>,
+}
+
+impl Default for LogGate {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            quiet: Mutex::new(QuietLog::new(LOG_INTERVAL.as_millis() as u64)),
+        }
+    }
 }
 
 impl LogGate {
     /// Whether to log a refusal from `ip` at `now`: `Some(n)`, with `n` the refusals from
     /// it left out of the log since its last line, or `None` to leave this one out.
     pub(super) fn admit(&self, ip: IpAddr, now: Instant) -> Option<u64> {
-        let mut map = lock(&self.last);
-        if map.len() >= MAX_LOG_ADDRESSES && !map.contains_key(&ip) {
-            map.clear();
-        }
-        match map.get_mut(&ip) {
-            Some((at, skipped)) if now.saturating_duration_since(*at) < LOG_INTERVAL => {
-                *skipped += 1;
-                None
-            }
-            Some((at, skipped)) => {
-                let n = *skipped;
-                *at = now;
-                *skipped = 0;
-                Some(n)
-            }
-            None => {
-                map.insert(ip, (now, 0));
-                Some(0)
-            }
-        }
+        let ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        lock(&self.quiet).allow(ip, ms)
     }
 }
 
