@@ -56,6 +56,11 @@ pub struct AgentArgs {
     /// The cluster's name; nodes of another cluster are refused [default: roster].
     #[arg(long, value_name = "NAME", env = "ROSTER_CLUSTER")]
     cluster: Option<String>,
+    /// Start under a new node id, keeping this node's registrations: the replica is
+    /// forgotten and resynced from peers (the way out of a data directory whose replica
+    /// cannot be read). For one start; not read from the config file.
+    #[arg(long)]
+    reset_identity: bool,
     /// The crash-loop guard: more than N launches within DUR (counted in the data dir) put
     /// the agent in a quiet mode (one connection, long backoff, no full sync unasked)
     /// until it has stayed up for DUR; `off` disables it [default: 5/5m].
@@ -268,6 +273,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     };
 
     let mut b = roster::Node::builder()
+        .reset_identity(args.reset_identity)
         .listen(listen)
         .join(join.iter().cloned())
         .data_dir(&data_dir)

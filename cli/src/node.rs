@@ -335,6 +335,7 @@ pub struct NodeBuilder {
     gossip_interval: Duration,
     lease_ttl: Duration,
     max_clock_skew: Duration,
+    reset_identity: bool,
     sync_min_interval: Duration,
     serve_clients: bool,
     client_auth_always: bool,
@@ -356,6 +357,7 @@ impl Default for NodeBuilder {
             gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
             lease_ttl: DEFAULT_LEASE_TTL,
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
+            reset_identity: false,
             sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
             serve_clients: false,
             client_auth_always: false,
@@ -448,6 +450,17 @@ impl NodeBuilder {
     #[must_use]
     pub fn max_clock_skew(mut self, d: Duration) -> Self {
         self.max_clock_skew = d;
+        self
+    }
+
+    /// Start under a new identity, keeping the registrations this node owns (default
+    /// `false`): the replica, the counter floor and what the node knew of its peers are
+    /// forgotten and resynced from peers. The way out of a data directory whose replica
+    /// cannot be read (a history poisoned before roster checked what peers send). Has
+    /// effect only with a data directory; use it for one start.
+    #[must_use]
+    pub fn reset_identity(mut self, yes: bool) -> Self {
+        self.reset_identity = yes;
         self
     }
 
@@ -584,11 +597,22 @@ impl NodeBuilder {
         let (store, replica, owned, removed, launches) = match &self.data_dir {
             Some(dir) => {
                 let dir = dir.clone();
-                let (store, loaded) = tokio::task::spawn_blocking(move || Store::open(&dir, new_id, now))
-                    .await
-                    .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                let reset = self.reset_identity;
+                let (store, loaded) = tokio::task::spawn_blocking(move || match reset {
+                    true => Store::open_resetting(&dir, new_id, now),
+                    false => Store::open(&dir, new_id, now),
+                })
+                .await
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
                 for note in &loaded.warnings {
                     warn!("{note}");
+                }
+                if let Some(old) = loaded.reset_from {
+                    warn!(
+                        "this node takes the new identity {new_id} (it was {old}), as --reset-identity \
+                         asked: it forgot its replica and resyncs it from its peers, and writes its own \
+                         registrations again; start it without the flag from now on"
+                    );
                 }
                 let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
                     .owned

@@ -48,6 +48,9 @@ const LAUNCHES: TableDefinition<u64, ()> = TableDefinition::new("launches");
 
 const K_FORMAT: &str = "format";
 const K_ID: &str = "replica_id";
+/// What a replica that cannot be read leaves besides moving the file aside.
+const RESET_HINT: &str = "; or start once with `roster agent --reset-identity` to keep what this node \
+                          registered under a new identity";
 const K_FLOOR: &str = "counter_floor";
 const K_STATE: &str = "state";
 const K_MEMORY: &str = "peer_memory";
@@ -199,6 +202,8 @@ pub struct Loaded {
     /// What the node should tell its operator about the data directory (a directory
     /// others can read, a file whose permissions were tightened).
     pub warnings: Vec<String>,
+    /// The identity this store had before [`Store::open_resetting`] gave it a new one.
+    pub reset_from: Option<ReplicaId>,
 }
 
 /// The open data directory.
@@ -230,6 +235,31 @@ impl Store {
         Self::open_with(dir, new_id, now_ms, disk::Faults::for_dir(dir))
     }
 
+    /// As [`Store::open`], but an existing store takes `new_id` as this node's identity and
+    /// forgets its replica, its counter floor and what it knew of peers, keeping the
+    /// registrations it owns (written again under the new identity at start) and its launch
+    /// times: the way out of a replica that cannot be read or a history that was poisoned,
+    /// without wiping the data directory by hand. [`Loaded::reset_from`] names the old id.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_resetting(dir: &Path, new_id: ReplicaId, now_ms: u64) -> Result<(Self, Loaded), StoreError> {
+        let faults = disk::Faults::for_dir(dir);
+        let mut notes: Vec<String> = disk::prepare_dir(dir)?.into_iter().collect();
+        let path = dir.join(STORE_FILE);
+        match disk::open_existing(&path, &faults)? {
+            Some(db) => {
+                notes.extend(disk::tighten_file(&path));
+                let mut store = Self::new(db, path, new_id, faults);
+                let mut loaded = store.load_now(None, now_ms, Some(new_id))?;
+                store.id = loaded.replica.id();
+                loaded.warnings = notes;
+                Ok((store, loaded))
+            }
+            None => Self::open_with(dir, new_id, now_ms, faults),
+        }
+    }
+
     fn open_with(
         dir: &Path,
         new_id: ReplicaId,
@@ -248,7 +278,7 @@ impl Store {
         // identity is committed.
         let (db, temp) = disk::create_temporary(dir, &faults)?;
         let mut store = Self::new(db, temp.clone(), new_id, faults.clone());
-        let loaded = match store.load_now(Some(new_id), now_ms) {
+        let loaded = match store.load_now(Some(new_id), now_ms, None) {
             Ok(loaded) => loaded,
             Err(e) => {
                 drop(store);
@@ -295,17 +325,22 @@ impl Store {
     ) -> Result<(Self, Loaded), StoreError> {
         // The id is read by `load`; until then it is not used.
         let mut store = Self::new(db, path, ReplicaId(0), faults);
-        let loaded = store.load_now(None, now_ms)?;
+        let loaded = store.load_now(None, now_ms, None)?;
         store.id = loaded.replica.id();
         Ok((store, loaded))
     }
 
     /// `load` on the database just opened: a failure here stops the start, so it is not
     /// taken as a degraded store to reopen.
-    fn load_now(&self, new_id: Option<ReplicaId>, now_ms: u64) -> Result<Loaded, StoreError> {
+    fn load_now(
+        &self,
+        new_id: Option<ReplicaId>,
+        now_ms: u64,
+        reset_to: Option<ReplicaId>,
+    ) -> Result<Loaded, StoreError> {
         let db = lock(&self.db);
         match db.as_ref() {
-            Some(db) => self.load(db, new_id, now_ms),
+            Some(db) => self.load(db, new_id, now_ms, reset_to),
             None => Err(self.io("the database is closed")),
         }
     }
@@ -479,8 +514,16 @@ impl Store {
         }
     }
 
-    /// Reads what the node resumes from; `new_id` is `Some` only for a store just made.
-    fn load(&self, db: &Database, new_id: Option<ReplicaId>, now_ms: u64) -> Result<Loaded, StoreError> {
+    /// Reads what the node resumes from; `new_id` is `Some` only for a store just made, and
+    /// `reset_to` for an existing store that takes a new identity (see
+    /// [`Store::open_resetting`]).
+    fn load(
+        &self,
+        db: &Database,
+        new_id: Option<ReplicaId>,
+        now_ms: u64,
+        reset_to: Option<ReplicaId>,
+    ) -> Result<Loaded, StoreError> {
         let tx = db.begin_write().map_err(|e| self.io(e))?;
         let loaded = {
             let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
@@ -519,14 +562,27 @@ impl Store {
                     });
                 }
             }
+            let mut reset_from = None;
+            if let Some(new) = reset_to {
+                reset_from = get_u64(&meta, K_ID).ok().flatten().map(ReplicaId);
+                meta.insert(K_ID, new.0.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+                for k in [K_STATE, K_FLOOR, K_MEMORY] {
+                    meta.remove(k).map_err(|e| self.io(e))?;
+                }
+            }
             let id = ReplicaId(get_u64(&meta, K_ID)?.ok_or_else(|| self.corrupt("no replica id"))?);
             let state = match meta.get(K_STATE).map_err(|e| self.io(e))? {
                 None => State::new(),
-                Some(v) => {
-                    codec::decode_state(v.value()).map_err(|e| self.corrupt(format!("the replica: {e}")))?
-                }
+                Some(v) => codec::decode_state(v.value())
+                    .map_err(|e| self.corrupt(format!("the replica: {e}{RESET_HINT}")))?,
             };
             let floor = get_u64(&meta, K_FLOOR)?.unwrap_or(0);
+            if floor > roster_registry::MAX_COUNTER {
+                return Err(self.corrupt(format!(
+                    "the counter floor {floor} is beyond any a node mints{RESET_HINT}"
+                )));
+            }
             let memory = meta
                 .get(K_MEMORY)
                 .map_err(|e| self.io(e))?
@@ -584,6 +640,7 @@ impl Store {
                 launches,
                 memory,
                 warnings: Vec::new(),
+                reset_from,
             }
         };
         tx.commit().map_err(|e| self.io(e))?;

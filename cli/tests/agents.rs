@@ -1845,3 +1845,52 @@ fn unauthenticated_connections_from_one_address_leave_room_for_the_cli_and_peers
     );
     drop(b);
 }
+
+/// A data directory whose replica cannot be read (a history poisoned before roster checked
+/// what peers send: a counter past any a node mints) stops the agent with one line that
+/// names the way out; `--reset-identity` starts it under a new id with its registrations,
+/// without wiping the directory by hand.
+#[test]
+fn an_unreadable_replica_is_refused_and_reset_identity_recovers_the_nodes_registrations() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let a = Agent::start(&dir, "a", &[]);
+    assert!(a
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
+        .status
+        .success());
+    let old_id = a.json(&["status"])["node"].as_str().unwrap().to_string();
+    let (dir, _) = a.kill9();
+
+    {
+        let meta: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
+        let db = redb::Database::open(dir.join("roster.redb")).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(meta)
+            .unwrap()
+            .insert("state", [1u8, 0xff, 0xff, 0xff].as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let dir_arg = dir.display().to_string();
+    let args = ["agent", "--listen", "127.0.0.1:0", "--data-dir", &dir_arg];
+    let out = roster(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("--reset-identity"), "{err}");
+
+    let b = Agent::start(&dir, "a", &["--reset-identity"]);
+    let status = b.json(&["status"]);
+    assert_ne!(status["node"].as_str().unwrap(), old_id, "a new identity");
+    let got = b.json(&["get", "web"]);
+    assert_eq!(got[0]["instance"], "w1", "its registration is back: {got}");
+    assert_eq!(
+        got[0]["node"], status["node"],
+        "written under the new identity: {got}"
+    );
+    drop(b);
+    // The next start, without the flag, keeps the new identity.
+    let c = Agent::start(&dir, "a", &[]);
+    assert_eq!(c.json(&["status"])["node"], status["node"]);
+}
