@@ -116,6 +116,9 @@ pub enum Error {
     /// Nothing by that name.
     #[error("{0}")]
     NotFound(String),
+    /// The instance id is registered by another live node.
+    #[error("{0}")]
+    OwnedElsewhere(String),
     /// A throttled action ran too recently.
     #[error("{message}")]
     Throttled {
@@ -1024,6 +1027,7 @@ impl Node {
         if let Some(store) = self.inner.store() {
             store.ready()?;
         }
+        self.not_owned_elsewhere(&service, &provider)?;
         // Into the replica (and on its way to peers) first, then on disk, then answered:
         // the disk's commit is not on the path of a change to its peers. A crash between
         // the two leaves a write that was never answered; the restarted node does not own
@@ -1060,6 +1064,39 @@ impl Node {
         }
         owned.insert(rec.key(), rec);
         Ok(())
+    }
+
+    /// Refuses an instance id that another live node has registered: two nodes keeping the
+    /// same instance alive would each take it from the other. The instance is free once
+    /// its owner deregisters it, or its owner's lease ends.
+    fn not_owned_elsewhere(&self, service: &ServiceName, provider: &ProviderId) -> Result<(), Error> {
+        let me = self.inner.handle.info().id;
+        let replica = self.inner.handle.replica();
+        let now = now_ms();
+        let key = roster_registry::RegKey {
+            service: service.clone(),
+            provider: provider.clone(),
+        };
+        let Some(owner) = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me) else {
+            return Ok(());
+        };
+        let Ok(members) = ServiceName::new(MEMBERS_SERVICE) else {
+            return Ok(());
+        };
+        let member = replica
+            .instances(&members, now)
+            .find(|i| i.provider.as_str() == format!("node-{owner}"));
+        match member {
+            Some(m) => {
+                let name = m.registration.meta.get("name").unwrap_or_default();
+                let url = m.registration.meta.get("url").unwrap_or_default();
+                Err(Error::OwnedElsewhere(format!(
+                    "instance {service}/{provider} is registered by node {name} ({owner}, {url}); \
+                     deregister it there first, or pick another --id"
+                )))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Removes an instance this node owns (from disk first, then from the cluster).

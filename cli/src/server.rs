@@ -88,6 +88,7 @@ fn from_error(e: Error) -> ServerMessage {
     match e {
         Error::Invalid(m) => error(ErrorKind::Invalid, m),
         Error::NotFound(m) => error(ErrorKind::NotFound, m),
+        Error::OwnedElsewhere(m) => error(ErrorKind::Failed, m),
         Error::Throttled { message, retry_after } => ServerMessage::Error {
             kind: ErrorKind::Throttled,
             message,

@@ -1894,3 +1894,40 @@ fn an_unreadable_replica_is_refused_and_reset_identity_recovers_the_nodes_regist
     let c = Agent::start(&dir, "a", &[]);
     assert_eq!(c.json(&["status"])["node"], status["node"]);
 }
+
+/// An instance id another live node keeps alive is refused with its owner named; once the
+/// owner deregisters it, it is free. (Two nodes keeping one instance would each take it
+/// from the other.)
+#[test]
+fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    assert!(a
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
+        .status
+        .success());
+    within(Duration::from_secs(10), "b to see w1", || {
+        b.json(&["get", "web"]).as_array().is_some_and(|v| v.len() == 1)
+    });
+    let out = b.roster(&["register", "web", "127.0.0.2:80", "--id", "w1"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("registered by node a"), "{err}");
+    assert_eq!(
+        b.json(&["get", "web"])[0]["address"],
+        "127.0.0.1:80",
+        "nothing changed"
+    );
+
+    assert!(a.roster(&["deregister", "web", "w1"]).status.success());
+    within(Duration::from_secs(10), "w1 to be free on b", || {
+        b.roster(&["register", "web", "127.0.0.2:80", "--id", "w1"])
+            .status
+            .success()
+    });
+    within(Duration::from_secs(10), "a to see b's w1", || {
+        a.json(&["get", "web"])[0]["address"] == "127.0.0.2:80"
+    });
+}
