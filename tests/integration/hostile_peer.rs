@@ -154,6 +154,38 @@ async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas(
     .await;
     cluster_intact([&a, &b, &c], 9004).await;
 
+    // Another member writes over a's instance under its own id (a legal-looking write):
+    // a writes it again.
+    let mut stranger = Replica::new(ReplicaId(0xbad));
+    stranger.apply(b.replica().state().clone(), now_ms());
+    let over = stranger
+        .register(
+            web(),
+            ProviderId::new("p-a").unwrap(),
+            Endpoint::new("10.6.6.6", 6669).unwrap(),
+            Default::default(),
+            60_000,
+            Hlc::new(now_ms() + 1, 0),
+        )
+        .unwrap()
+        .delta;
+    let _ws = send_poison(&b, Message::delta(1, &over)).await;
+    eventually("a to write its instance over the stranger's", || {
+        a.counters().protocol.overwrites_repaired > 0
+    })
+    .await;
+    eventually("every node to show a's instance again", || {
+        [&a, &b, &c].iter().all(|n| {
+            let r = n.replica();
+            let (p, w) = (ProviderId::new("p-a").unwrap(), web());
+            let back = r
+                .instances(&w, now_ms())
+                .any(|i| i.provider == &p && i.registration.endpoint.port() == 8080);
+            back
+        })
+    })
+    .await;
+
     // A registration written in 2100 would never expire: refused (the connection stays,
     // since a clock a little ahead is mended by time), never shown.
     let mut future = Replica::new(ReplicaId(0xbad));

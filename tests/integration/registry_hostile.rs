@@ -247,14 +247,15 @@ fn owner_and_observer() -> (Replica, Replica) {
     (owner, observer)
 }
 
-/// Whether a read of the owner's key shows an instance. (Who wrote it is not checked yet:
-/// a member can overwrite another node's key, and owners repair only removals for now.)
+/// Whether a read of the owner's key shows the owner's write.
 fn shows_own(r: &Replica, now_ms: u64) -> bool {
-    r.instances(&web(), now_ms).any(|i| i.provider == &own_provider())
+    r.instances(&web(), now_ms)
+        .any(|i| i.provider == &own_provider() && i.node() == OWNER)
 }
 
-/// What the protocol does when a join takes away a registration its node owns: write it
-/// again (`Node::emit_changes`). Returns the delta to ship.
+/// What the protocol does when a join takes away a registration its node owns, or
+/// another node writes over it: write it again (`Node::emit_changes`). Returns the delta
+/// to ship.
 fn repair(owner: &mut Replica, owned: bool) -> Option<State> {
     if !owned || shows_own(owner, NOW) {
         return None;

@@ -258,6 +258,8 @@ pub struct Counters {
     pub states_refused: u64,
     /// Times a peer claimed dots forged under our id and we shipped the truth about them.
     pub forgeries_refuted: u64,
+    /// Times another node's write over an instance we own was written over again.
+    pub overwrites_repaired: u64,
     /// Digests not sent because one to the same peer was in flight.
     pub digests_coalesced: u64,
 }
@@ -403,7 +405,14 @@ struct Owned {
     endpoint: Endpoint,
     meta: Metadata,
     ttl_ms: u64,
+    /// When an overwrite of it by another node was last repaired (monotonic ms).
+    overwrite_repaired_at: Option<u64>,
 }
+
+/// The least time between two repairs of an overwrite of one owned instance by another
+/// node: two nodes that both believe they own it (registered at the same moment through
+/// two agents) take it from each other at this pace, not in a storm.
+const OVERWRITE_REPAIR_MS: u64 = 10_000;
 
 /// The protocol state machine of one roster node.
 #[derive(Debug)]
@@ -688,6 +697,7 @@ impl Node {
                 endpoint,
                 meta,
                 ttl_ms,
+                overwrite_repaired_at: None,
             },
         );
         self.renew_at = self.renew_at.min(now.mono_ms + ttl_ms / 2);
@@ -890,15 +900,32 @@ impl Node {
     fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
         let mut lost = Vec::new();
         for c in changes {
-            if let Change::Down { service, provider } = &c {
-                if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
-                    lost.push((service.clone(), provider.clone(), o.clone()));
+            match &c {
+                Change::Down { service, provider } => {
+                    if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
+                        lost.push((service.clone(), provider.clone(), o.clone()));
+                    }
                 }
+                Change::Up(i) if i.node != self.me.id => {
+                    let key = (i.service.clone(), i.provider.clone());
+                    if let Some(o) = self.owned.get_mut(&key) {
+                        let due = o
+                            .overwrite_repaired_at
+                            .is_none_or(|t| now.mono_ms >= t + OVERWRITE_REPAIR_MS);
+                        if due {
+                            o.overwrite_repaired_at = Some(now.mono_ms);
+                            self.counters.overwrites_repaired += 1;
+                            lost.push((key.0, key.1, o.clone()));
+                        }
+                    }
+                }
+                Change::Up(_) => {}
             }
             self.outputs.push_back(Output::Event(c));
         }
         // A peer's sweep removed a registration we still hold (its lease looked ended
-        // there): write it again. Our own replica is the source of truth for what we own.
+        // there), or another node wrote over it: write it again. Our own replica is the
+        // source of truth for what we own.
         for (s, p, o) in lost {
             if self.stopping {
                 break;
