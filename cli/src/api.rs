@@ -20,7 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The version byte every client-protocol message starts with.
-pub const CLIENT_PROTOCOL_VERSION: u8 = 1;
+pub const CLIENT_PROTOCOL_VERSION: u8 = 2;
 /// The nonce length of the client authentication.
 pub const NONCE_LEN: usize = 32;
 /// The label of the client's proof.
@@ -191,6 +191,14 @@ pub struct CountersView {
     pub full_syncs_sent: u64,
     /// Full states received.
     pub full_syncs_received: u64,
+    /// States from peers refused before they were joined (a retirement of a live node, a
+    /// runaway counter, a time too far ahead).
+    pub states_refused: u64,
+    /// Times peers claimed writes forged under this node's id, or retired it, and the node
+    /// answered with the truth about its writes.
+    pub forgeries_refuted: u64,
+    /// Times another node wrote over an instance this node owns and it wrote it again.
+    pub overwrites_repaired: u64,
 }
 
 /// This agent.

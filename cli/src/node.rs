@@ -1291,6 +1291,9 @@ impl Node {
                 deltas_applied: c.protocol.deltas_applied,
                 full_syncs_sent: c.protocol.full_syncs_sent,
                 full_syncs_received: c.protocol.full_syncs_received,
+                states_refused: c.protocol.states_refused,
+                forgeries_refuted: c.protocol.forgeries_refuted,
+                overwrites_repaired: c.protocol.overwrites_repaired,
             },
         })
     }

@@ -196,6 +196,10 @@ pub fn status(s: &StatusView) {
         "full syncs:      {} sent, {} received",
         c.full_syncs_sent, c.full_syncs_received
     ));
+    out.push(format!(
+        "refused:         {} states from peers; {} forgeries refuted, {} overwrites repaired",
+        c.states_refused, c.forgeries_refuted, c.overwrites_repaired
+    ));
     text_lines(&out);
 }
 
