@@ -64,7 +64,7 @@ use tracing::{info, warn, Instrument};
 
 pub use conn::{ClientConn, ClientStream, CLIENT_SUBPROTOCOL};
 pub use limits::{DriverCounters, Limits};
-pub use tls::TlsConfig;
+pub use tls::{ClientTls, TlsConfig};
 
 use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::proto::{self, Node, NodeInfo};

@@ -385,6 +385,8 @@ enum Fail {
     Timeout,
     /// The peer's TLS certificate was refused (or it refused ours).
     Tls(String),
+    /// Over TLS, a peer (or a client not on loopback) showed no client certificate.
+    NoClientCertificate { client: bool },
     /// Another node answered than the one dialed.
     WrongPeer { expected: String, got: String },
     /// The peer sheds load: come back after this many milliseconds.
@@ -415,7 +417,9 @@ impl Fail {
         let c = &shared.counts;
         match self {
             Fail::Handshake(HandshakeError::Refused { .. }) => bump(&c.handshakes_rejected),
-            Fail::Handshake(_) | Fail::Tls(_) => bump(&c.handshakes_refused),
+            Fail::Handshake(_) | Fail::Tls(_) | Fail::NoClientCertificate { .. } => {
+                bump(&c.handshakes_refused);
+            }
             Fail::Oversize { .. } => bump(&c.oversize),
             Fail::Timeout => bump(&c.handshake_timeouts),
             Fail::WrongPeer { .. } | Fail::Network(_) | Fail::Busy(_) | Fail::Cancelled => {}
@@ -444,6 +448,10 @@ impl Fail {
                 shared.limits.handshake_timeout
             ),
             Fail::Tls(e) => format!("TLS handshake failed: {e}"),
+            Fail::NoClientCertificate { client } => format!(
+                "refused a {}: it showed no TLS client certificate",
+                if *client { "client not on loopback" } else { "peer" }
+            ),
             Fail::WrongPeer { expected, got } => {
                 format!("dialed node {expected} but {got} answered; closing")
             }
@@ -474,6 +482,10 @@ impl Fail {
                 &format!("message over {max_size} bytes"),
             )),
             Fail::WrongPeer { .. } => Some(close_frame(CloseCode::Policy, "not the node dialed")),
+            Fail::NoClientCertificate { .. } => Some(close_frame(
+                CloseCode::Policy,
+                "a TLS client certificate of the cluster CA is required",
+            )),
             Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Busy(_) | Fail::Cancelled => None,
         }
     }
@@ -688,7 +700,7 @@ pub(super) async fn inbound(
         None => {
             accept_over(
                 &shared,
-                async { Ok(Box::new(tcp) as Box<dyn ClientStream>) },
+                async { Ok((Box::new(tcp) as Box<dyn ClientStream>, false)) },
                 addr,
                 (guard, pending),
             )
@@ -696,11 +708,16 @@ pub(super) async fn inbound(
         }
         Some(acceptor) => {
             // A client that does not speak TLS is common noise (scanners): a network failure.
+            // A certificate that does not verify is refused by rustls here; a connection
+            // without one gets through, marked, and is sorted out once we know what it is.
             let tls = async move {
                 acceptor
                     .accept(tcp)
                     .await
-                    .map(|s| Box::new(s) as Box<dyn ClientStream>)
+                    .map(|s| {
+                        let uncertified = s.get_ref().1.peer_certificates().is_none_or(<[_]>::is_empty);
+                        (Box::new(s) as Box<dyn ClientStream>, uncertified)
+                    })
                     .map_err(|e| Fail::Network(format!("TLS: {e}")))
             };
             accept_over(&shared, tls, addr, (guard, pending)).await
@@ -713,14 +730,14 @@ pub(super) async fn inbound(
 
 async fn accept_over(
     shared: &Arc<Shared>,
-    stream: impl Future<Output = Result<Box<dyn ClientStream>, Fail>>,
+    stream: impl Future<Output = Result<(Box<dyn ClientStream>, bool), Fail>>,
     addr: SocketAddr,
     (guard, pending): (InboundGuard, PendingGuard),
 ) -> Result<(), Fail> {
     let is_client = AtomicBool::new(false);
     let flag = shared.clients.as_ref().map(|_| &is_client);
     let establish = async {
-        let stream = stream.await?;
+        let (stream, uncertified) = stream.await?;
         let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
@@ -757,7 +774,15 @@ async fn accept_over(
         )
         .await
         .map_err(ws_fail)?;
-        if is_client.load(Ordering::Relaxed) {
+        let client = is_client.load(Ordering::Relaxed);
+        // Mutual TLS: a peer always shows a certificate of the cluster CA; a client does
+        // unless it connects from loopback (the local CLI).
+        if uncertified && (!client || !addr.ip().is_loopback()) {
+            let fail = Fail::NoClientCertificate { client };
+            refuse(&mut ws, &fail).await;
+            return Err(fail);
+        }
+        if client {
             return Ok((ws, None));
         }
         match server_handshake(&mut ws, shared).await {
