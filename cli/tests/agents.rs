@@ -1853,9 +1853,14 @@ impl TestCa {
 
     /// A certificate for 127.0.0.1 named `name`: its certificate and key files.
     fn issue(&self, name: &str) -> (PathBuf, PathBuf) {
+        self.issue_with(name, &[])
+    }
+
+    /// As [`TestCa::issue`], carrying the DNS names `extra` too.
+    fn issue_with(&self, name: &str, extra: &[String]) -> (PathBuf, PathBuf) {
         let key = rcgen::KeyPair::generate().unwrap();
-        let mut params =
-            rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let names = [&["127.0.0.1".to_string(), "localhost".to_string()][..], extra].concat();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
         params.distinguished_name.push(rcgen::DnType::CommonName, name);
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         let (cert_pem, key_pem) = (
@@ -1867,9 +1872,21 @@ impl TestCa {
         (cert_pem, key_pem)
     }
 
-    /// The agent flags for a certificate `name` of this CA.
+    /// The agent flags for a certificate `name` of this CA (naming no node).
     fn flags(&self, name: &str) -> Vec<String> {
-        let (cert, key) = self.issue(name);
+        self.flags_for(self.issue(name))
+    }
+
+    /// The agent flags for the agent `name` on data directory `dir`, with a certificate
+    /// that names its node id (`node-<id>`). The id is made by a first start without TLS.
+    fn node_flags(&self, dir: &Path, name: &str) -> Vec<String> {
+        let first = Agent::start(dir, name, &[]);
+        let id = first.json(&["status"])["node"].as_str().unwrap().to_string();
+        drop(first);
+        self.flags_for(self.issue_with(name, &[format!("node-{id}")]))
+    }
+
+    fn flags_for(&self, (cert, key): (PathBuf, PathBuf)) -> Vec<String> {
         [
             "--tls-cert",
             &path_str(&cert),
@@ -1898,14 +1915,14 @@ fn two_agents_with_mutual_tls_converge_over_wss_and_the_cli_reads_with_the_ca() 
     let secret = secret_file(root.path(), "secret", STRONG_SECRET);
     let secret = path_str(&secret);
     let a_flags = [
-        ca.flags("a"),
+        ca.node_flags(&root.path().join("a"), "a"),
         vec!["--cluster-secret-file".into(), secret.clone()],
     ]
     .concat();
     let a = Agent::start(&root.path().join("a"), "a", &strs(&a_flags));
     assert!(a.url.starts_with("wss://127.0.0.1:"), "{}", a.url);
     let b_flags = [
-        ca.flags("b"),
+        ca.node_flags(&root.path().join("b"), "b"),
         vec![
             "--cluster-secret-file".into(),
             secret.clone(),
@@ -1937,6 +1954,35 @@ fn two_agents_with_mutual_tls_converge_over_wss_and_the_cli_reads_with_the_ca() 
     let other = TestCa::new(root.path(), "other");
     let out = roster(&["get", "web", "--agent", &a.url, "--tls-ca", &path_str(&other.ca)]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    // A node of the same CA whose certificate names A, not itself: refused by name.
+    let a_id = a.json(&["status", "--tls-ca", &ca_file])["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let c_flags = [
+        ca.flags_for(ca.issue_with("c", &[format!("node-{a_id}")])),
+        vec![
+            "--cluster-secret-file".into(),
+            secret.clone(),
+            "--join".into(),
+            a.url.clone(),
+        ],
+    ]
+    .concat();
+    let c = Agent::start(&root.path().join("c"), "c", &strs(&c_flags));
+    // A logs refusals from one address once a minute; C's own log says why.
+    within(
+        Duration::from_secs(10),
+        "A to refuse C by its certificate's name",
+        || c.log().contains("does not name node-"),
+    );
+    let out = ask(&a, &["members", "--json"]);
+    assert_eq!(
+        serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap().len(),
+        2,
+        "C got in"
+    );
+    drop(c);
 }
 
 #[test]

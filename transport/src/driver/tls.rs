@@ -11,15 +11,18 @@
 //! certificate as a client certificate. A listener asks every connection for one and checks
 //! it against the same CA; the TLS layer lets a connection without one through so that the
 //! connection code can decide by what it is (a peer never; a client on loopback only).
+//! Once the handshake says which node a peer claims to be, its certificate must carry the
+//! DNS name `node-<id>` (`names_node`), so a member cannot speak as another node.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tokio_rustls::rustls::client::verify_server_name;
 use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -122,6 +125,26 @@ impl Tls {
     pub(super) fn connector(&self) -> TlsConnector {
         self.connector.clone()
     }
+}
+
+/// The leaf of the certificates a connection's other side showed.
+pub(super) fn leaf(certs: Option<&[CertificateDer<'static>]>) -> super::conn::PeerCert {
+    match certs.and_then(<[_]>::first) {
+        Some(cert) => super::conn::PeerCert::Shown(cert.clone()),
+        None => super::conn::PeerCert::Missing,
+    }
+}
+
+/// Whether `cert` carries the DNS name `node-<id>`: the rule that binds a node id to a
+/// certificate (see docs/design.md). `cert` was verified against the CA already.
+pub(super) fn names_node(cert: &CertificateDer<'_>, id: &str) -> bool {
+    let Ok(parsed) = ParsedCertificate::try_from(cert) else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(format!("node-{id}")) else {
+        return false;
+    };
+    verify_server_name(&parsed, &name).is_ok()
 }
 
 /// The name a dialed peer's certificate must carry: the URL's host (a DNS name or an IP).
