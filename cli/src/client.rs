@@ -141,7 +141,19 @@ impl Client {
                 auth_required: false,
             },
         };
-        let hello = match client.recv().await? {
+        let first = match client.recv().await {
+            // An agent with TLS closes on a client not on loopback that showed no certificate.
+            Err(ClientError::Protocol { url, why }) if why.contains("client certificate") => {
+                return Err(ClientError::Unauthorized {
+                    url,
+                    why: format!(
+                        "it {why}; pass --tls-cert FILE and --tls-key FILE (a certificate of its CA)"
+                    ),
+                });
+            }
+            other => other?,
+        };
+        let hello = match first {
             ServerMessage::Hello(h) => h,
             other => return Err(client.protocol(format!("sent {other:?} instead of its hello"))),
         };

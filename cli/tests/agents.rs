@@ -1880,10 +1880,16 @@ impl TestCa {
     /// The agent flags for the agent `name` on data directory `dir`, with a certificate
     /// that names its node id (`node-<id>`). The id is made by a first start without TLS.
     fn node_flags(&self, dir: &Path, name: &str) -> Vec<String> {
+        self.node_flags_with(dir, name, &[])
+    }
+
+    /// As [`TestCa::node_flags`], the certificate carrying the names `extra` too.
+    fn node_flags_with(&self, dir: &Path, name: &str, extra: &[String]) -> Vec<String> {
         let first = Agent::start(dir, name, &[]);
         let id = first.json(&["status"])["node"].as_str().unwrap().to_string();
         drop(first);
-        self.flags_for(self.issue_with(name, &[format!("node-{id}")]))
+        let names = [&[format!("node-{id}")][..], extra].concat();
+        self.flags_for(self.issue_with(name, &names))
     }
 
     fn flags_for(&self, (cert, key): (PathBuf, PathBuf)) -> Vec<String> {
@@ -2186,4 +2192,66 @@ fn an_agent_with_a_secret_and_no_tls_beyond_loopback_warns_that_messages_are_not
         &[&strs(&flags)[..], &["--advertise", "wss://127.0.0.1:9"]].concat(),
     );
     assert!(!with_tls.contains("not protected"), "{with_tls}");
+}
+
+/// This host's address on its way out (not loopback), if it has one.
+fn outside_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("198.51.100.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback()).then_some(ip)
+}
+
+#[test]
+fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
+    let ip = outside_address().expect("this test needs an address other than loopback");
+    let root = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(root.path(), "cluster");
+    let secret = path_str(&secret_file(root.path(), "secret", STRONG_SECRET));
+    let dir = root.path().join("a");
+    let flags = [
+        ca.node_flags_with(&dir, "a", &[ip.to_string()]),
+        [
+            "--cluster-secret-file",
+            &secret,
+            "--advertise",
+            "wss://127.0.0.1:9",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ]
+    .concat();
+    let a = Agent::start_on(&dir, "a", "0.0.0.0:0", &strs(&flags));
+    let url = format!("wss://{ip}:{}", a.port);
+    let ca_file = path_str(&ca.ca);
+    let base = [
+        "members",
+        "--json",
+        "--agent",
+        &url,
+        "--tls-ca",
+        &ca_file,
+        "--cluster-secret-file",
+        &secret,
+    ];
+    let out = roster(&base);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("client certificate"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (cert, key) = ca.issue_with("me", &[]);
+    let out = roster(
+        &[
+            &base[..],
+            &["--tls-cert", &path_str(&cert), "--tls-key", &path_str(&key)],
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // From loopback, the CA is enough.
+    let local = format!("wss://127.0.0.1:{}", a.port);
+    let out = roster(&["members", "--json", "--agent", &local, "--tls-ca", &ca_file]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
