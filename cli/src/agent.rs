@@ -66,6 +66,16 @@ pub struct AgentArgs {
     /// until it has stayed up for DUR; `off` disables it [default: 5/5m].
     #[arg(long, value_name = "N/DUR", env = "ROSTER_CRASH_GUARD", value_parser = parse_guard)]
     crash_guard: Option<Guard>,
+    /// This agent's TLS certificate chain (PEM); with --tls-key and --tls-ca it serves
+    /// and dials wss:// only, with mutual TLS.
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs every node's certificate and remote clients' certificates.
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_CA")]
+    tls_ca: Option<PathBuf>,
 }
 
 /// `--crash-guard`: `N/DUR` or `off`.
@@ -99,6 +109,9 @@ struct FileConfig {
     max_clock_skew: Option<String>,
     cluster: Option<String>,
     crash_guard: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
 }
 
 /// The largest config file read.
@@ -213,6 +226,32 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, Fail> {
     Ok(bytes)
 }
 
+/// The three TLS files, all or none.
+pub fn tls_files(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> Result<Option<(PathBuf, PathBuf, PathBuf)>, Fail> {
+    match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Ok(Some((cert, key, ca))),
+        (None, None, None) => Ok(None),
+        (cert, key, ca) => {
+            let missing: Vec<&str> = [
+                (cert.is_none(), "--tls-cert"),
+                (key.is_none(), "--tls-key"),
+                (ca.is_none(), "--tls-ca"),
+            ]
+            .into_iter()
+            .filter_map(|(gone, flag)| gone.then_some(flag))
+            .collect();
+            Err(Fail::usage(format!(
+                "TLS needs --tls-cert, --tls-key and --tls-ca together; {} missing (pass all three, or none)",
+                missing.join(" and ")
+            )))
+        }
+    }
+}
+
 fn default_data_dir() -> Result<PathBuf, Fail> {
     dirs::data_dir().map(|d| d.join("roster")).ok_or_else(|| {
         Fail::usage("no platform data directory; pass --data-dir DIR (or set ROSTER_DATA_DIR)")
@@ -271,6 +310,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         })?,
         (None, None) => Guard::On(roster::DEFAULT_CRASH_GUARD),
     };
+    let tls = tls_files(
+        args.tls_cert.or(file.tls_cert),
+        args.tls_key.or(file.tls_key),
+        args.tls_ca.or(file.tls_ca),
+    )?;
 
     let mut b = roster::Node::builder()
         .reset_identity(args.reset_identity)
@@ -305,6 +349,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     if let Some(c) = cluster {
         b = b.cluster(c);
     }
+    if let Some((cert, key, ca)) = &tls {
+        b = b.tls(cert, key, ca);
+    }
     b = b.crash_guard(match guard {
         Guard::Off => None,
         Guard::On(g) => Some(g),
@@ -312,6 +359,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let node = b.start().await.map_err(|e| {
         use roster::transport::driver::StartError;
         match e {
+            roster::Error::Invalid(m) if m.starts_with("TLS: ") => {
+                Fail::usage(format!("{m}; check --tls-cert, --tls-key and --tls-ca"))
+            }
             roster::Error::Invalid(m) => Fail::usage(m),
             roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
                 "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
@@ -329,8 +379,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         node.name(),
         node.id()
     );
-    println!("listening on ws://{}", node.local_addr());
-    if node.url() != format!("ws://{}", node.local_addr()) {
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
+    println!("listening on {scheme}://{}", node.local_addr());
+    if node.url() != format!("{scheme}://{}", node.local_addr()) {
         println!("advertising {}", node.url());
     }
     println!("data in {}", data_dir.display());

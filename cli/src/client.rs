@@ -3,13 +3,13 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use roster_transport::driver::CLIENT_SUBPROTOCOL;
+use roster_transport::driver::{ClientStream, ClientTls, CLIENT_SUBPROTOCOL};
 use roster_transport::handshake::Secret;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::WebSocketStream;
 
 use crate::api::{
     self, ClientMessage, Request, ServerHello, ServerMessage, AGENT_LABEL, CLIENT_LABEL, MAX_ANSWER_BYTES,
@@ -56,7 +56,7 @@ pub enum ClientError {
 #[derive(Debug)]
 pub struct Client {
     url: String,
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: WebSocketStream<Box<dyn ClientStream>>,
     hello: ServerHello,
 }
 
@@ -67,7 +67,20 @@ impl Client {
     /// # Errors
     /// [`ClientError`].
     pub async fn connect(url: &str, secret: Option<&Secret>) -> Result<Self, ClientError> {
-        match tokio::time::timeout(CONNECT_TIMEOUT, Self::open(url, secret)).await {
+        Self::connect_tls(url, secret, None).await
+    }
+
+    /// As [`Client::connect`], and `wss://host:port` with `tls`: the agent's certificate
+    /// is checked against its CA, and a client certificate shown if `tls` holds one.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn connect_tls(
+        url: &str,
+        secret: Option<&Secret>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ClientError> {
+        match tokio::time::timeout(CONNECT_TIMEOUT, Self::open(url, secret, tls)).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::Unreachable {
                 url: url.to_string(),
@@ -76,24 +89,46 @@ impl Client {
         }
     }
 
-    async fn open(url: &str, secret: Option<&Secret>) -> Result<Self, ClientError> {
+    async fn open(url: &str, secret: Option<&Secret>, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
         let unreachable = |why: String| ClientError::Unreachable {
             url: url.to_string(),
             why,
         };
-        if !url.starts_with("ws://") {
-            return Err(unreachable(if url.starts_with("wss://") {
-                "the CLI speaks ws:// only; reach the agent through its loopback listener".into()
-            } else {
-                "the URL is not ws://host:port".into()
-            }));
+        let secure = url.starts_with("wss://");
+        if !secure && !url.starts_with("ws://") {
+            return Err(unreachable(
+                "the URL is not ws://host:port or wss://host:port".into(),
+            ));
         }
-        let uri = url.parse().map_err(|e| unreachable(format!("not a URL: {e}")))?;
+        let uri: tokio_tungstenite::tungstenite::http::Uri =
+            url.parse().map_err(|e| unreachable(format!("not a URL: {e}")))?;
+        let host = uri
+            .host()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
+            .ok_or_else(|| unreachable("the URL has no host".into()))?;
+        let port = uri
+            .port_u16()
+            .ok_or_else(|| unreachable("the URL has no port".into()))?;
+        let tcp = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let stream: Box<dyn ClientStream> = match (secure, tls) {
+            (false, _) => Box::new(tcp),
+            (true, None) => return Err(unreachable(
+                "a wss:// agent needs the CA of its certificate; pass --tls-ca FILE (or set ROSTER_TLS_CA)"
+                    .into(),
+            )),
+            (true, Some(tls)) => Box::new(
+                tls.connect(tcp, &host)
+                    .await
+                    .map_err(|e| unreachable(format!("TLS: {e}")))?,
+            ),
+        };
         let request = ClientRequestBuilder::new(uri).with_sub_protocol(CLIENT_SUBPROTOCOL);
         let config = WebSocketConfig::default()
             .max_message_size(Some(MAX_ANSWER_BYTES))
             .max_frame_size(Some(MAX_ANSWER_BYTES));
-        let (ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+        let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         let mut client = Self {
@@ -106,7 +141,19 @@ impl Client {
                 auth_required: false,
             },
         };
-        let hello = match client.recv().await? {
+        let first = match client.recv().await {
+            // An agent with TLS closes on a client not on loopback that showed no certificate.
+            Err(ClientError::Protocol { url, why }) if why.contains("client certificate") => {
+                return Err(ClientError::Unauthorized {
+                    url,
+                    why: format!(
+                        "it {why}; pass --tls-cert FILE and --tls-key FILE (a certificate of its CA)"
+                    ),
+                });
+            }
+            other => other?,
+        };
+        let hello = match first {
             ServerMessage::Hello(h) => h,
             other => return Err(client.protocol(format!("sent {other:?} instead of its hello"))),
         };

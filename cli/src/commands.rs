@@ -6,15 +6,41 @@ use std::time::Duration;
 use roster::api::{ErrorKind, EventView, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::registry::{metadata_from_pairs, Endpoint, ProviderId, ServiceName};
+use roster::transport::driver::ClientTls;
 use roster::transport::handshake::Secret;
 
 use crate::output;
 use crate::{ClientArgs, Fail};
 
 async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
-    if !c.agent.starts_with("ws://") {
+    if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
         return Err(Fail::usage(format!(
-            "--agent {:?} is not ws://host:port (the CLI talks to its agent's listener in plain ws)",
+            "--agent {:?} is not ws://host:port or wss://host:port",
+            c.agent
+        )));
+    }
+    let tls = match (&c.tls_ca, &c.tls_cert, &c.tls_key) {
+        (None, None, None) => None,
+        (Some(ca), cert, key) => {
+            let identity =
+                match (cert, key) {
+                    (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+                    (None, None) => None,
+                    _ => return Err(Fail::usage(
+                        "a client certificate needs --tls-cert and --tls-key together; pass both, or neither",
+                    )),
+                };
+            Some(ClientTls::load(ca, identity).map_err(|e| Fail::usage(format!("TLS: {e}")))?)
+        }
+        (None, _, _) => {
+            return Err(Fail::usage(
+                "--tls-cert and --tls-key need --tls-ca FILE, the CA that signs the agent's certificate",
+            ))
+        }
+    };
+    if c.agent.starts_with("wss://") && tls.is_none() {
+        return Err(Fail::usage(format!(
+            "--agent {} is wss://: pass --tls-ca FILE (the CA that signs the agent's certificate)",
             c.agent
         )));
     }
@@ -22,7 +48,7 @@ async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
         Some(p) => Some(Secret::new(crate::agent::read_secret(p)?).map_err(|e| Fail::usage(e.to_string()))?),
         None => None,
     };
-    Client::connect(&c.agent, secret.as_ref())
+    Client::connect_tls(&c.agent, secret.as_ref(), tls.as_ref())
         .await
         .map_err(from_client)
 }

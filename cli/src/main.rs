@@ -141,6 +141,15 @@ pub struct ClientArgs {
     /// A file holding the cluster secret (needed when the agent is not on loopback).
     #[arg(long, value_name = "FILE", env = "ROSTER_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// The CA (PEM) that signs a wss:// agent's certificate.
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) to show a wss:// agent; needed when not on loopback.
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = "ROSTER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
     /// Print JSON (machine output) instead of text.
     #[arg(long)]
     pub json: bool,

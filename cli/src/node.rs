@@ -343,6 +343,7 @@ pub struct NodeBuilder {
     serve_clients: bool,
     client_auth_always: bool,
     crash_guard: Option<CrashGuard>,
+    tls: Option<driver::TlsConfig>,
 }
 
 impl Default for NodeBuilder {
@@ -365,6 +366,7 @@ impl Default for NodeBuilder {
             serve_clients: false,
             client_auth_always: false,
             crash_guard: Some(DEFAULT_CRASH_GUARD),
+            tls: None,
         }
     }
 }
@@ -500,7 +502,25 @@ impl NodeBuilder {
         self
     }
 
+    /// Mutual TLS from PEM files: this node's certificate chain, its private key, and the
+    /// CA that signs every node's certificate. The node then serves `wss://` only (its URL
+    /// becomes `wss://`), dials `wss://` peers checking their certificates against the CA,
+    /// presents its certificate to the peers it dials, and refuses a peer, or a client not on
+    /// loopback, that shows no certificate of that CA.
+    #[must_use]
+    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>, ca: impl Into<PathBuf>) -> Self {
+        self.tls = Some(driver::TlsConfig {
+            cert_pem: cert.into(),
+            key_pem: key.into(),
+            ca_pem: ca.into(),
+        });
+        self
+    }
+
     fn check(&self) -> Result<(), Error> {
+        if let Some(tls) = &self.tls {
+            tls.check().map_err(|e| Error::Invalid(format!("TLS: {e}")))?;
+        }
         if self.fanout == 0 || self.fanout > 64 {
             return Err(Error::Invalid(format!(
                 "fanout {} is out of range; use 1 to 64",
@@ -580,6 +600,13 @@ impl NodeBuilder {
         if secret.is_none() && !bound.ip().is_loopback() {
             return Err(Error::Start(StartError::Unauthenticated { addr: bound }));
         }
+        if secret.is_some() && self.tls.is_none() && !bound.ip().is_loopback() {
+            warn!(
+                "listening on {bound} without TLS: the cluster secret authenticates each connection's handshake, \
+                 but the messages after it are not protected (an on-path attacker can read and alter them); \
+                 pass --tls-cert, --tls-key and --tls-ca"
+            );
+        }
         if bound.ip().is_unspecified() && self.advertise.is_none() {
             return Err(Error::Invalid(format!(
                 "listening on {bound} needs --advertise ws://HOST:PORT: peers cannot dial {}",
@@ -587,6 +614,13 @@ impl NodeBuilder {
             )));
         }
         if let Some(url) = &self.advertise {
+            if self.tls.is_some() != url.starts_with("wss://") {
+                return Err(Error::Invalid(format!(
+                    "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
+                    if self.tls.is_some() { "with" } else { "without" },
+                    if self.tls.is_some() { "wss://" } else { "ws://" }
+                )));
+            }
             if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
                 return Err(Error::Invalid(format!(
                     "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
@@ -717,6 +751,7 @@ impl NodeBuilder {
         config.protocol = protocol;
         config.resume = resume;
         config.clients = self.serve_clients.then_some(clients_tx);
+        config.tls = self.tls.clone();
         let cancel = CancellationToken::new();
         let handle = driver::start(listener, config, replica, self.join.clone(), cancel.clone())?;
         let inner = Arc::new(Inner {

@@ -521,10 +521,12 @@ async fn a_node_that_shuts_down_is_gone_from_its_peers_at_once() {
     shutdown_all(&[&a, &b]).await;
 }
 
-/// A self-signed certificate for 127.0.0.1 in a fresh directory, trusted by itself.
+/// A self-signed certificate for 127.0.0.1 in a fresh directory, trusted by itself, shared
+/// by the nodes of ids 1 to 4 (it names each: `node-<id>`).
 fn tls_files(tag: &str) -> (driver::TlsConfig, std::path::PathBuf) {
-    let key =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    names.extend((1..=4u64).map(|id| format!("node-{}", ReplicaId(id))));
+    let key = rcgen::generate_simple_self_signed(names).unwrap();
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let dir = std::env::temp_dir().join(format!("roster-tls-{}-{nanos}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -599,6 +601,77 @@ async fn tls_nodes_converge_and_refuse_plain_clients_and_untrusted_certificates(
     shutdown_all(&[&a, &b, &c]).await;
     std::fs::remove_dir_all(cluster_dir).unwrap();
     std::fs::remove_dir_all(stranger_dir).unwrap();
+}
+
+/// A cluster CA in a fresh directory, and a function that issues a certificate for
+/// 127.0.0.1 carrying the extra DNS names given, as a [`driver::TlsConfig`].
+fn cluster_ca(tag: &str) -> (impl Fn(&str, &[String]) -> driver::TlsConfig, std::path::PathBuf) {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let dir = std::env::temp_dir().join(format!("roster-ca-{}-{nanos}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_pem = dir.join("ca.pem");
+    std::fs::write(&ca_pem, params.self_signed(&key).unwrap().pem()).unwrap();
+    let issuer = rcgen::Issuer::new(params, key);
+    let out = dir.clone();
+    let issue = move |file: &str, names: &[String]| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let all = [&["127.0.0.1".to_string()][..], names].concat();
+        let cert = rcgen::CertificateParams::new(all)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let (cert_pem, key_pem) = (out.join(format!("{file}.pem")), out.join(format!("{file}.key")));
+        std::fs::write(&cert_pem, cert.pem()).unwrap();
+        std::fs::write(&key_pem, key.serialize_pem()).unwrap();
+        driver::TlsConfig {
+            cert_pem,
+            key_pem,
+            ca_pem: ca_pem.clone(),
+        }
+    };
+    (issue, dir)
+}
+
+#[tokio::test]
+async fn a_peer_whose_certificate_names_another_node_is_refused_at_the_handshake() {
+    let (issue, dir) = cluster_ca("names");
+    let node = |id: u64| format!("node-{}", ReplicaId(id));
+    let a = start(
+        1,
+        with_tls(config("a", Some(SECRET)), &issue("a", &[node(1)])),
+        &[],
+    )
+    .await;
+    // B holds a certificate of the cluster CA, but one that names node 3: it may not speak
+    // as node 2.
+    let b = start(
+        2,
+        with_tls(config("b", Some(SECRET)), &issue("b", &[node(3)])),
+        &[&a],
+    )
+    .await;
+    eventually("A to refuse B's handshake", || {
+        a.counters().driver.handshakes_refused >= 1
+    })
+    .await;
+    // C's certificate names C: it joins, so the refusal was about the name only.
+    let c = start(
+        3,
+        with_tls(config("c", Some(SECRET)), &issue("c", &[node(3)])),
+        &[&a],
+    )
+    .await;
+    eventually("A and C to see each other", || {
+        members(&a) == 2 && members(&c) == 2
+    })
+    .await;
+    assert_eq!(members(&b), 1, "B joined as node 2 with a certificate of node 3");
+    assert_eq!(members(&a), 2, "A let B in");
+    shutdown_all(&[&a, &b, &c]).await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 // Chunking: messages larger than a frame.

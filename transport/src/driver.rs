@@ -34,7 +34,9 @@
 //! flush its queue and close, and cut whatever is left at [`Limits::shutdown_deadline`].
 //!
 //! With a [`TlsConfig`] the node serves `wss://` only (rustls, `ring` provider): TLS under the
-//! WebSocket, the handshake inside it.
+//! WebSocket, the handshake inside it. TLS is mutual: a peer without a certificate of the
+//! CA is refused (a client too, unless on loopback), and a peer may speak only as the node
+//! its certificate names (the DNS name `node-<id>`).
 //!
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
@@ -64,7 +66,7 @@ use tracing::{info, warn, Instrument};
 
 pub use conn::{ClientConn, ClientStream, CLIENT_SUBPROTOCOL};
 pub use limits::{DriverCounters, Limits};
-pub use tls::TlsConfig;
+pub use tls::{ClientTls, TlsConfig};
 
 use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::proto::{self, Node, NodeInfo};

@@ -43,6 +43,7 @@ use crate::backoff::Failure;
 use crate::handshake::{self, HandshakeConfig, HandshakeError, HandshakeMessage, RefusalKind, NONCE_LEN};
 use crate::message::Envelope;
 use crate::proto::{ConnId, DialTarget, NodeInfo};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 
 /// The WebSocket subprotocol roster peers speak; the server echoes it.
 pub(super) const SUBPROTOCOL: &str = "roster.v1";
@@ -385,6 +386,10 @@ enum Fail {
     Timeout,
     /// The peer's TLS certificate was refused (or it refused ours).
     Tls(String),
+    /// Over TLS, a peer (or a client not on loopback) showed no client certificate.
+    NoClientCertificate { client: bool },
+    /// Over TLS, the other side claimed a node id its certificate does not name.
+    CertificateNamesAnother { claimed: String },
     /// Another node answered than the one dialed.
     WrongPeer { expected: String, got: String },
     /// The peer sheds load: come back after this many milliseconds.
@@ -398,7 +403,7 @@ impl Fail {
         match self {
             Fail::Handshake(e) => e.failure(),
             // A certificate that does not verify will not fix itself in seconds.
-            Fail::Tls(_) => Failure::Auth,
+            Fail::Tls(_) | Fail::CertificateNamesAnother { .. } => Failure::Auth,
             // Another node answers at that address now (the one dialed restarted with a
             // new identity, say): the one dialed is not coming back there soon.
             Fail::WrongPeer { .. } => Failure::RetryAfter(WRONG_PEER_RETRY_MS),
@@ -415,7 +420,12 @@ impl Fail {
         let c = &shared.counts;
         match self {
             Fail::Handshake(HandshakeError::Refused { .. }) => bump(&c.handshakes_rejected),
-            Fail::Handshake(_) | Fail::Tls(_) => bump(&c.handshakes_refused),
+            Fail::Handshake(_)
+            | Fail::Tls(_)
+            | Fail::NoClientCertificate { .. }
+            | Fail::CertificateNamesAnother { .. } => {
+                bump(&c.handshakes_refused);
+            }
             Fail::Oversize { .. } => bump(&c.oversize),
             Fail::Timeout => bump(&c.handshake_timeouts),
             Fail::WrongPeer { .. } | Fail::Network(_) | Fail::Busy(_) | Fail::Cancelled => {}
@@ -444,6 +454,11 @@ impl Fail {
                 shared.limits.handshake_timeout
             ),
             Fail::Tls(e) => format!("TLS handshake failed: {e}"),
+            Fail::CertificateNamesAnother { .. } => format!("refused a handshake: {}", self.to_line()),
+            Fail::NoClientCertificate { client } => format!(
+                "refused a {}: it showed no TLS client certificate",
+                if *client { "client not on loopback" } else { "peer" }
+            ),
             Fail::WrongPeer { expected, got } => {
                 format!("dialed node {expected} but {got} answered; closing")
             }
@@ -462,6 +477,17 @@ impl Fail {
         }
     }
 
+    /// The reason of a certificate refusal, as sent to the other side.
+    fn to_line(&self) -> String {
+        match self {
+            Fail::CertificateNamesAnother { claimed } => format!(
+                "the TLS certificate does not name node-{claimed}, the node id claimed; \
+                 a node's certificate must carry the DNS name node-<its id>"
+            ),
+            _ => String::new(),
+        }
+    }
+
     /// The close frame to send, if any.
     fn close_frame(&self) -> Option<CloseFrame> {
         match self {
@@ -474,6 +500,14 @@ impl Fail {
                 &format!("message over {max_size} bytes"),
             )),
             Fail::WrongPeer { .. } => Some(close_frame(CloseCode::Policy, "not the node dialed")),
+            Fail::CertificateNamesAnother { .. } => Some(close_frame(
+                CloseCode::Policy,
+                "the certificate names another node",
+            )),
+            Fail::NoClientCertificate { .. } => Some(close_frame(
+                CloseCode::Policy,
+                "a TLS client certificate of the cluster CA is required",
+            )),
             Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Busy(_) | Fail::Cancelled => None,
         }
     }
@@ -569,7 +603,11 @@ where
     let _ = tokio::time::timeout(CLOSE_LINGER, goodbye).await;
 }
 
-async fn server_handshake<S>(ws: &mut WebSocketStream<S>, shared: &Shared) -> Result<NodeInfo, Fail>
+async fn server_handshake<S>(
+    ws: &mut WebSocketStream<S>,
+    shared: &Shared,
+    cert: &PeerCert,
+) -> Result<NodeInfo, Fail>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -579,14 +617,57 @@ where
     send_frame(ws, &challenge).await?;
     let proof = recv_frame(ws).await?;
     let (peer, welcome) = server.on_proof(proof).map_err(Fail::Handshake)?;
+    check_certificate_names(ws, cert, &peer).await?;
     send_frame(ws, &welcome).await?;
     Ok(peer)
+}
+
+/// The TLS certificate a connection's other side showed.
+#[derive(Debug)]
+pub(super) enum PeerCert {
+    /// The connection is not TLS.
+    NoTls,
+    /// TLS, and no certificate.
+    Missing,
+    /// TLS: the leaf certificate, already verified against the CA by rustls.
+    Shown(CertificateDer<'static>),
+}
+
+/// With TLS, a peer may speak only as the node its certificate names: a DNS name
+/// `node-<id>` (the id as 16 hex digits, as `roster members` shows it). A peer that claims
+/// another id is refused with the reason, before any protocol message.
+async fn check_certificate_names<S>(
+    ws: &mut WebSocketStream<S>,
+    cert: &PeerCert,
+    peer: &NodeInfo,
+) -> Result<(), Fail>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let named = match cert {
+        PeerCert::NoTls => true,
+        PeerCert::Missing => false,
+        PeerCert::Shown(der) => tls::names_node(der, &peer.id.to_string()),
+    };
+    if named {
+        return Ok(());
+    }
+    let fail = Fail::CertificateNamesAnother {
+        claimed: peer.id.to_string(),
+    };
+    let _ = send_frame(
+        ws,
+        &HandshakeMessage::refused(RefusalKind::Secret, &fail.to_line()),
+    )
+    .await;
+    Err(fail)
 }
 
 async fn client_handshake<S>(
     ws: &mut WebSocketStream<S>,
     shared: &Shared,
     target: &DialTarget,
+    cert: &PeerCert,
 ) -> Result<NodeInfo, Fail>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -610,6 +691,7 @@ where
             });
         }
     }
+    check_certificate_names(ws, cert, &peer).await?;
     send_frame(ws, &proof).await?;
     client
         .on_outcome(recv_frame(ws).await?)
@@ -688,7 +770,7 @@ pub(super) async fn inbound(
         None => {
             accept_over(
                 &shared,
-                async { Ok(Box::new(tcp) as Box<dyn ClientStream>) },
+                async { Ok((Box::new(tcp) as Box<dyn ClientStream>, PeerCert::NoTls)) },
                 addr,
                 (guard, pending),
             )
@@ -696,11 +778,16 @@ pub(super) async fn inbound(
         }
         Some(acceptor) => {
             // A client that does not speak TLS is common noise (scanners): a network failure.
+            // A certificate that does not verify is refused by rustls here; a connection
+            // without one gets through, marked, and is sorted out once we know what it is.
             let tls = async move {
                 acceptor
                     .accept(tcp)
                     .await
-                    .map(|s| Box::new(s) as Box<dyn ClientStream>)
+                    .map(|s| {
+                        let cert = tls::leaf(s.get_ref().1.peer_certificates());
+                        (Box::new(s) as Box<dyn ClientStream>, cert)
+                    })
                     .map_err(|e| Fail::Network(format!("TLS: {e}")))
             };
             accept_over(&shared, tls, addr, (guard, pending)).await
@@ -713,14 +800,15 @@ pub(super) async fn inbound(
 
 async fn accept_over(
     shared: &Arc<Shared>,
-    stream: impl Future<Output = Result<Box<dyn ClientStream>, Fail>>,
+    stream: impl Future<Output = Result<(Box<dyn ClientStream>, PeerCert), Fail>>,
     addr: SocketAddr,
     (guard, pending): (InboundGuard, PendingGuard),
 ) -> Result<(), Fail> {
     let is_client = AtomicBool::new(false);
     let flag = shared.clients.as_ref().map(|_| &is_client);
     let establish = async {
-        let stream = stream.await?;
+        let (stream, cert) = stream.await?;
+        let uncertified = matches!(cert, PeerCert::Missing);
         let mut ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
@@ -757,10 +845,18 @@ async fn accept_over(
         )
         .await
         .map_err(ws_fail)?;
-        if is_client.load(Ordering::Relaxed) {
+        let client = is_client.load(Ordering::Relaxed);
+        // Mutual TLS: a peer always shows a certificate of the cluster CA; a client does
+        // unless it connects from loopback (the local CLI).
+        if uncertified && (!client || !addr.ip().is_loopback()) {
+            let fail = Fail::NoClientCertificate { client };
+            refuse(&mut ws, &fail).await;
+            return Err(fail);
+        }
+        if client {
             return Ok((ws, None));
         }
-        match server_handshake(&mut ws, shared).await {
+        match server_handshake(&mut ws, shared, &cert).await {
             Ok(peer) => Ok((ws, Some(peer))),
             Err(fail) => {
                 refuse(&mut ws, &fail).await;
@@ -829,19 +925,26 @@ pub(super) async fn dial(target: DialTarget, shared: Arc<Shared>) {
                 Ok((tcp, host))
             };
             match (tls, shared.tls.as_ref().map(Tls::connector)) {
-                (false, _) => dial_over(&shared, &target, uri, async { Ok(tcp.await?.0) }).await,
+                (false, _) => {
+                    dial_over(&shared, &target, uri, async {
+                        Ok((tcp.await?.0, PeerCert::NoTls))
+                    })
+                    .await
+                }
                 (true, Some(connector)) => {
                     let stream = async move {
                         let (tcp, host) = tcp.await?;
                         let name = tls::server_name(&host).map_err(Fail::Tls)?;
-                        connector.connect(name, tcp).await.map_err(|e| {
+                        let s = connector.connect(name, tcp).await.map_err(|e| {
                             // rustls reports its own errors (certificates, alerts) as invalid data.
                             if e.kind() == std::io::ErrorKind::InvalidData {
                                 Fail::Tls(e.to_string())
                             } else {
                                 Fail::Network(format!("TLS: {e}"))
                             }
-                        })
+                        })?;
+                        let cert = tls::leaf(s.get_ref().1.peer_certificates());
+                        Ok((s, cert))
                     };
                     dial_over(&shared, &target, uri, stream).await
                 }
@@ -869,19 +972,19 @@ async fn dial_over<S>(
     shared: &Arc<Shared>,
     target: &DialTarget,
     uri: Uri,
-    stream: impl Future<Output = Result<S, Fail>>,
+    stream: impl Future<Output = Result<(S, PeerCert), Fail>>,
 ) -> Result<(), Fail>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let establish = async {
-        let stream = stream.await?;
+        let (stream, cert) = stream.await?;
         let request = ClientRequestBuilder::new(uri).with_sub_protocol(SUBPROTOCOL);
         let (mut ws, _) =
             tokio_tungstenite::client_async_with_config(request, stream, Some(shared.ws_config()))
                 .await
                 .map_err(ws_fail)?;
-        match client_handshake(&mut ws, shared, target).await {
+        match client_handshake(&mut ws, shared, target, &cert).await {
             Ok(peer) => Ok((ws, peer)),
             Err(fail) => {
                 refuse(&mut ws, &fail).await;
