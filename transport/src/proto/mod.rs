@@ -735,6 +735,21 @@ impl Node {
                 done.removed += 1;
             }
         }
+        // A lease of ours issued after now (by a clock that ran ahead, since fixed) whose
+        // provider we no longer hold: every peer would refuse our state for it until real
+        // time caught up with it. Those we hold were issued again above, at now.
+        let ahead = self
+            .replica
+            .state()
+            .leases_issued_after(me, Hlc::new(now.wall_ms, u16::MAX));
+        for p in ahead {
+            if self.owned.keys().any(|(_, op)| *op == p) {
+                continue;
+            }
+            if let Some(applied) = self.replica.deregister_provider(&p, now.wall_ms) {
+                self.local_delta(applied.delta, applied.changes, now);
+            }
+        }
         done.gap = self.replica.unclaimed_gap();
         let providers = keys.iter().map(|k| k.provider.clone()).collect();
         if let Some(applied) = self.replica.close_gap(keys, providers, now.wall_ms) {
