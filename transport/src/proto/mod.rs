@@ -839,6 +839,22 @@ impl Node {
             .min();
     }
 
+    /// Whether the buffered deltas after `acked` (but those learnt from `peer`) bring a peer
+    /// whose digest is `theirs` up to `ours`.
+    fn deltas_since_fill(
+        &self,
+        acked: u64,
+        peer: ReplicaId,
+        theirs: &CausalContext,
+        ours: &CausalContext,
+    ) -> bool {
+        let mut after = theirs.clone();
+        if let Some(d) = self.buffer.since(acked, peer) {
+            after.join(d.context());
+        }
+        after.includes(ours)
+    }
+
     /// Sends `peer` our digest, unless one is already in flight to it (sent less than
     /// [`DIGEST_COALESCE_MS`] ago and not answered): every reason to ask shares it.
     pub(super) fn send_digest(&mut self, peer: ReplicaId, now: Now) {
@@ -1124,7 +1140,14 @@ impl Node {
                     let acked = self.peers.get(&peer).and_then(|p| p.acked);
                     let in_flight = self.full_in_flight(peer, now);
                     match acked {
-                        Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
+                        // Only if what came after its acknowledgement is all it lacks: a
+                        // peer that acknowledged a delta and was killed before saving it
+                        // comes back without it, and the deltas after would never bring it.
+                        Some(a)
+                            if self.buffer.covers(a)
+                                && a < self.buffer.head()
+                                && self.deltas_since_fill(a, peer, &theirs, &ours) =>
+                        {
                             self.sync_peer(peer, false, now)
                         }
                         // Under the crash-loop guard, no full state unless the peer asks.
