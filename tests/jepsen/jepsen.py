@@ -29,7 +29,12 @@ PORT = {n: 7600 + i for i, n in enumerate(NAMES)}
 LEASE = 4.0  # --lease-ttl, seconds
 GOSSIP = "250ms"
 GRACE = 3.0  # allowed beyond the lease for a dead node's instances to be gone everywhere
-CONVERGE_LIMIT = 20.0  # seconds a convergence may take before it is a failure
+# Seconds a convergence may take before it is a failure. Two take 12-18 s on main today,
+# both waiting on dial backoff, not on replication: after the heal (the dials across the cut
+# failed for 12 s, so their backoff grew) and after the clock fix (the node's saved backoff,
+# grown while every peer refused its clock, keeps it from dialing; its peers dial it when
+# theirs ends). The output shows them; the limit leaves room above.
+CONVERGE_LIMIT = 30.0
 SIDE_LIMIT = 10.0  # seconds for a write to reach its side of the cut
 SEED = int(os.environ.get("JEPSEN_SEED", str(random.randrange(1 << 30))))
 rng = random.Random(SEED)
@@ -361,7 +366,15 @@ def reach(c, w, origin, nodes, limit, what):
         if all(v is not None and iid in v for v in vs.values()):
             return time.monotonic() - t
         time.sleep(0.1)
-    fail(f"{what}: a registration on {origin} did not reach {','.join(nodes)} within {limit:.0f} s")
+    vs = c.views(nodes)
+    lacking = ",".join(n for n in nodes if vs[n] is not None and iid not in vs[n])
+    silent = ",".join(n for n in nodes if vs[n] is None)
+    for n in [origin] + list(nodes):  # for the logs kept in the work dir
+        r = c.cli(n, "status", timeout=5)
+        with open(os.path.join(c.work, f"status-{n}.txt"), "a") as f:
+            f.write(r.stdout if r is not None else "no answer\n")
+    fail(f"{what}: a registration on {origin} ({iid}) did not reach {','.join(nodes)} "
+         f"within {limit:.0f} s (lacking it: {lacking or '-'}; not answering: {silent or '-'})")
 
 
 # ---- the run ------------------------------------------------------------------------------
