@@ -534,6 +534,23 @@ impl State {
         keys
     }
 
+    /// The providers holding a lease that `replica` issued after `after`: what a node whose
+    /// clock ran ahead (then was fixed) left of its own leases. Sorted.
+    pub fn leases_issued_after(
+        &self,
+        replica: crate::id::ReplicaId,
+        after: crate::hlc::Hlc,
+    ) -> Vec<ProviderId> {
+        let mut out: Vec<ProviderId> = self
+            .leases
+            .iter()
+            .filter(|(_, f)| f.iter().any(|(d, l)| d.actor == replica && l.issued > after))
+            .map(|(p, _)| p.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Whether `replica` wrote, under a counter up to `upto`, anything a read at `now_ms`
     /// could show (a live lease, or a registration whose provider's lease is live) that
     /// `removed` does not name as seen. One scan of the store.

@@ -181,6 +181,65 @@ fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
 }
 
 #[test]
+fn a_node_restarted_at_the_true_time_keeps_no_lease_of_its_own_from_the_future() {
+    // The process before, its clock a minute ahead, registered an instance and then
+    // deregistered it: the registration is gone, its lease stays until it expires (a
+    // minute and its TTL from now). Found by tests/jepsen/run: every peer refused the
+    // resumed node's state for that lease until real time caught up.
+    let now = 1_800_000_000_000;
+    let ahead = Hlc::new(now + 60_000, 0);
+    let (web, p) = (ServiceName::new("web").unwrap(), ProviderId::new("gone").unwrap());
+    let ep = Endpoint::new("10.1.1.1", 80).unwrap();
+    let mut replica = Replica::new(ReplicaId(1));
+    replica
+        .register(web.clone(), p.clone(), ep, Metadata::default(), 4_000, ahead)
+        .unwrap();
+    replica.deregister(web, p.clone(), ahead.millis()).unwrap();
+    assert!(
+        replica.lease_of(&p).is_some(),
+        "the lease outlives the deregistration"
+    );
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let resume = Resume {
+        drop_unowned: true,
+        ..Resume::default()
+    };
+    let (node, _) = Node::with_resume(me, replica, vec![], config(), 7, now, resume).unwrap();
+    let peer = Replica::new(ReplicaId(2));
+    let bounds = Bounds::new(now, config().max_skew_ms);
+    assert_eq!(peer.admit(node.replica().state(), &bounds), Ok(()));
+    assert!(node.replica().lease_of(&p).is_none());
+}
+
+#[test]
+fn a_node_killed_after_acknowledging_a_delta_it_had_not_saved_gets_it_after_its_restart() {
+    // Found by tests/jepsen/run: a registration acknowledged on one agent while another was
+    // being SIGKILLed was missing on the restarted agent for good. It had acknowledged the
+    // delta, then died before its next save; its peers, trusting the acknowledgement, sent
+    // it only what came after, although its digest showed what it lacked.
+    let seed = sim_seed("ack_before_save");
+    let mut sim = Sim::new(3, config(), Faults::NONE, seed);
+    sim.run_for(5_000);
+    assert!(settle(&mut sim, 30_000), "the cluster forms");
+    let saved = sim.node(2).unwrap().replica().state().clone();
+    register(&mut sim, 0, "acked", 9_001);
+    sim.run_for(1_000);
+    assert!(sim.converged(), "every node has it and acknowledged it");
+    sim.crash_unsaved(2, saved);
+    register(&mut sim, 0, "later", 9_002);
+    sim.run_for(1_000);
+    sim.restart(2);
+    assert!(
+        settle(&mut sim, 5_000),
+        "the restarted node never got what it had acknowledged but not saved"
+    );
+}
+
+#[test]
 fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
     let me = NodeInfo {
         id: ReplicaId(1),

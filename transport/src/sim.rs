@@ -281,6 +281,15 @@ impl Sim {
         }
     }
 
+    /// Crashes machine `i` as [`Sim::crash`] does, but its disk holds `saved`, an older
+    /// state: the process was killed after acknowledging deltas it had not saved yet.
+    pub fn crash_unsaved(&mut self, i: usize, saved: State) {
+        if self.machines[i].node.is_some() {
+            self.crash(i);
+            self.machines[i].disk = saved;
+        }
+    }
+
     /// Restarts machine `i` from its disk.
     pub fn restart(&mut self, i: usize) {
         if self.machines[i].node.is_none() {

@@ -218,7 +218,12 @@ pub(super) enum ConnEvent {
     /// A message arrived.
     Message { conn: ConnId, envelope: Envelope },
     /// The connection is closed.
-    Down { conn: ConnId, reason: String },
+    /// `dead`: closed because nothing arrived (pings unanswered).
+    Down {
+        conn: ConnId,
+        reason: String,
+        dead: bool,
+    },
     /// A dial did not produce a connection.
     DialFailed { target: DialTarget, failure: Failure },
 }
@@ -1143,7 +1148,8 @@ async fn run<S>(
             _ = tokio::time::timeout(CLOSE_LINGER, closing) => {}
         }
     }
-    let _ = shared.events.send(ConnEvent::Down { conn, reason }).await;
+    let dead = matches!(end, End::Dead(_));
+    let _ = shared.events.send(ConnEvent::Down { conn, reason, dead }).await;
 }
 
 type WsRead<S> = SplitStream<WebSocketStream<S>>;

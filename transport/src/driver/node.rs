@@ -249,9 +249,13 @@ impl NodeTask {
                     }
                 }
             }
-            ConnEvent::Down { conn, reason } => {
+            ConnEvent::Down { conn, reason, dead } => {
                 self.conns.remove(&conn);
-                self.node.handle_disconnected(conn, now);
+                if dead {
+                    self.node.handle_dead_link(conn, now);
+                } else {
+                    self.node.handle_disconnected(conn, now);
+                }
                 debug!(node, conn, "connection gone: {reason}");
             }
             ConnEvent::DialFailed { target, failure } => self.node.handle_dial_failed(&target, failure, now),

@@ -261,6 +261,24 @@ impl Node {
         true
     }
 
+    /// A connection closed because nothing arrived on it (pings unanswered): as
+    /// [`Node::handle_disconnected`], and its peer counts a failed attempt, however long the
+    /// link lived, so the slot is redialed to another peer first. In a silent partition the
+    /// peer behind a dead link is likely still unreachable; dialed again at once, it would
+    /// hold the slot for a handshake timeout while a reachable peer waits.
+    pub fn handle_dead_link(&mut self, conn: ConnId, now: impl Into<Now>) {
+        let now: Now = now.into();
+        let peer = self.conns.get(&conn).map(|c| c.peer);
+        self.handle_disconnected(conn, now);
+        if let Some(peer) = peer {
+            let now = self.time.input(now);
+            let draw = self.rng.random::<u64>();
+            let policy = self.cfg.backoff;
+            let p = self.peers.entry(peer).or_default();
+            p.backoff.fail(&policy, Failure::Network, now.mono_ms, draw);
+        }
+    }
+
     /// A connection closed (by the peer, the network, or us).
     pub fn handle_disconnected(&mut self, conn: ConnId, now: impl Into<Now>) {
         let now = self.time.input(now.into());

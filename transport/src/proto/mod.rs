@@ -745,6 +745,21 @@ impl Node {
                 done.removed += 1;
             }
         }
+        // A lease of ours issued after now (by a clock that ran ahead, since fixed) whose
+        // provider we no longer hold: every peer would refuse our state for it until real
+        // time caught up with it. Those we hold were issued again above, at now.
+        let ahead = self
+            .replica
+            .state()
+            .leases_issued_after(me, Hlc::new(now.wall_ms, u16::MAX));
+        for p in ahead {
+            if self.owned.keys().any(|(_, op)| *op == p) {
+                continue;
+            }
+            if let Some(applied) = self.replica.deregister_provider(&p, now.wall_ms) {
+                self.local_delta(applied.delta, applied.changes, now);
+            }
+        }
         done.gap = self.replica.unclaimed_gap();
         let providers = keys.iter().map(|k| k.provider.clone()).collect();
         if let Some(applied) = self.replica.close_gap(keys, providers, now.wall_ms) {
@@ -832,6 +847,22 @@ impl Node {
             .filter_map(|p| self.replica.lease_of(p))
             .map(|l| (l.deadline_ms(), l.ttl_ms))
             .min();
+    }
+
+    /// Whether the buffered deltas after `acked` (but those learnt from `peer`) bring a peer
+    /// whose digest is `theirs` up to `ours`.
+    fn deltas_since_fill(
+        &self,
+        acked: u64,
+        peer: ReplicaId,
+        theirs: &CausalContext,
+        ours: &CausalContext,
+    ) -> bool {
+        let mut after = theirs.clone();
+        if let Some(d) = self.buffer.since(acked, peer) {
+            after.join(d.context());
+        }
+        after.includes(ours)
     }
 
     /// Sends `peer` our digest, unless one is already in flight to it (sent less than
@@ -1136,7 +1167,14 @@ impl Node {
                     let acked = self.peers.get(&peer).and_then(|p| p.acked);
                     let in_flight = self.full_in_flight(peer, now);
                     match acked {
-                        Some(a) if self.buffer.covers(a) && a < self.buffer.head() => {
+                        // Only if what came after its acknowledgement is all it lacks: a
+                        // peer that acknowledged a delta and was killed before saving it
+                        // comes back without it, and the deltas after would never bring it.
+                        Some(a)
+                            if self.buffer.covers(a)
+                                && a < self.buffer.head()
+                                && self.deltas_since_fill(a, peer, &theirs, &ours) =>
+                        {
                             self.sync_peer(peer, false, now)
                         }
                         // Under the crash-loop guard, no full state unless the peer asks.
