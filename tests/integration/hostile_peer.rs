@@ -44,16 +44,7 @@ fn forger_ahead_of(node: &Handle, target: ReplicaId) -> Replica {
     let mut forger = Replica::new(ReplicaId(0xbad));
     forger.apply(state, now_ms());
     let mut runaway = Replica::from_state(target, State::new(), ahead);
-    let write = runaway
-        .register(
-            web(),
-            ProviderId::new("p-forged").unwrap(),
-            Endpoint::new("10.6.6.6", 6665).unwrap(),
-            Default::default(),
-            60_000,
-            Hlc::new(now_ms(), 0),
-        )
-        .unwrap();
+    let write = write_web(&mut runaway, "p-forged", 6665, now_ms());
     forger.apply(write.delta, now_ms());
     forger.expire(now_ms() + 2 * 24 * 3_600_000, 0);
     forger
@@ -61,6 +52,15 @@ fn forger_ahead_of(node: &Handle, target: ReplicaId) -> Replica {
 
 fn web() -> ServiceName {
     ServiceName::new("web").unwrap()
+}
+
+/// `r` registers `web/<provider>` at `10.6.6.6:<port>`, stamped `at_ms`, with a minute's
+/// lease.
+fn write_web(r: &mut Replica, provider: &str, port: u16, at_ms: u64) -> roster_registry::Applied {
+    let p = ProviderId::new(provider).unwrap();
+    let ep = Endpoint::new("10.6.6.6", port).unwrap();
+    r.register(web(), p, ep, Default::default(), 60_000, Hlc::new(at_ms, 0))
+        .unwrap()
 }
 
 /// Every node still shows `web/p-a` (owned by a) and three members, and a new
@@ -105,17 +105,7 @@ async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas(
     // A dot under a's id far above anything a minted, sent to b (a runaway counter) and
     // to a itself (a forged dot of its own): refused, connection closed.
     let mut runaway = Replica::from_state(a.info().id, State::new(), 1 << 40);
-    let forged = runaway
-        .register(
-            web(),
-            ProviderId::new("p-a").unwrap(),
-            Endpoint::new("10.6.6.6", 6666).unwrap(),
-            Default::default(),
-            60_000,
-            Hlc::new(now_ms(), 0),
-        )
-        .unwrap()
-        .delta;
+    let forged = write_web(&mut runaway, "p-a", 6666, now_ms()).delta;
     for to in [&b, &a] {
         let mut ws = send_poison(to, Message::delta(1, &forged)).await;
         closed(&mut ws).await;
@@ -127,17 +117,7 @@ async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas(
     // the truth about its dots, and every node drops the forgery.
     let seen = b.replica().context().max_counter(a.info().id);
     let mut close = Replica::from_state(a.info().id, State::new(), seen + 1_000);
-    let overwrite = close
-        .register(
-            web(),
-            ProviderId::new("p-a").unwrap(),
-            Endpoint::new("10.6.6.6", 6668).unwrap(),
-            Default::default(),
-            60_000,
-            Hlc::new(now_ms(), 0),
-        )
-        .unwrap()
-        .delta;
+    let overwrite = write_web(&mut close, "p-a", 6668, now_ms()).delta;
     let _ws = send_poison(&b, Message::delta(1, &overwrite)).await;
     eventually("a to refute the forgery", || {
         a.counters().protocol.forgeries_refuted > 0
@@ -158,17 +138,7 @@ async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas(
     // a writes it again.
     let mut stranger = Replica::new(ReplicaId(0xbad));
     stranger.apply(b.replica().state().clone(), now_ms());
-    let over = stranger
-        .register(
-            web(),
-            ProviderId::new("p-a").unwrap(),
-            Endpoint::new("10.6.6.6", 6669).unwrap(),
-            Default::default(),
-            60_000,
-            Hlc::new(now_ms() + 1, 0),
-        )
-        .unwrap()
-        .delta;
+    let over = write_web(&mut stranger, "p-a", 6669, now_ms() + 1).delta;
     let _ws = send_poison(&b, Message::delta(1, &over)).await;
     eventually("a to write its instance over the stranger's", || {
         a.counters().protocol.overwrites_repaired > 0
@@ -190,17 +160,7 @@ async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas(
     // since a clock a little ahead is mended by time), never shown.
     let mut future = Replica::new(ReplicaId(0xbad));
     let year_2100 = 4_102_444_800_000;
-    let planted = future
-        .register(
-            web(),
-            ProviderId::new("p-forever").unwrap(),
-            Endpoint::new("10.6.6.6", 6667).unwrap(),
-            Default::default(),
-            60_000,
-            Hlc::new(year_2100, 0),
-        )
-        .unwrap()
-        .delta;
+    let planted = write_web(&mut future, "p-forever", 6667, year_2100).delta;
     let refused_before = b.counters().protocol.states_refused;
     let _ws = send_poison(&b, Message::delta(1, &planted)).await;
     eventually("b to refuse the planted registration", || {
