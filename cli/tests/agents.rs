@@ -1588,35 +1588,21 @@ fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
     let root = tempfile::tempdir().unwrap();
     let warnings = |name: &str, secret: &str| -> String {
         let path = secret_file(root.path(), &format!("{name}.secret"), secret);
-        let mut child = Command::new(BIN)
-            .args([
-                "agent",
-                "--listen",
-                "127.0.0.1:0",
-                "--node-name",
-                name,
-                "--cluster-secret-file",
-            ])
-            .arg(&path)
-            .arg("--data-dir")
-            .arg(root.path().join(name).join("data"))
-            .env("ROSTER_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.starts_with("listening on") {
-            line.clear();
-            if stdout.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-        }
-        child.kill().unwrap();
-        let out = child.wait_with_output().unwrap();
+        let (path, data) = (path.display().to_string(), root.path().join(name).join("data"));
+        let data = data.display().to_string();
+        let args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            name,
+            "--cluster-secret-file",
+            &path,
+            "--data-dir",
+            &data,
+        ];
+        let (line, _, stderr) = agent_start_output(&args, &[]);
         assert!(line.starts_with("listening on"), "the agent {name} did not start");
-        text(&out.stderr)
+        stderr
     };
     let short = warnings("short", "twenty-byte-secret!!");
     assert!(
