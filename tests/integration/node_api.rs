@@ -24,6 +24,18 @@ async fn node(dir: Option<&std::path::Path>, join: &[String]) -> Node {
     b.start().await.unwrap()
 }
 
+/// An agent on a free loopback port that asks every client, loopback too, for the secret.
+async fn agent_requiring_the_secret() -> Node {
+    Node::builder()
+        .listen("127.0.0.1:0")
+        .cluster_secret(SECRET)
+        .serve_clients(true)
+        .require_client_auth(true)
+        .start()
+        .await
+        .unwrap()
+}
+
 async fn next_event(w: &mut roster::Watch) -> Event {
     tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
@@ -156,14 +168,7 @@ async fn bad_input_to_register_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
-    let a = Node::builder()
-        .listen("127.0.0.1:0")
-        .cluster_secret(SECRET)
-        .serve_clients(true)
-        .require_client_auth(true)
-        .start()
-        .await
-        .unwrap();
+    let a = agent_requiring_the_secret().await;
     let url = a.url().to_string();
     let no = Client::connect(&url, None).await.unwrap_err();
     assert!(matches!(no, ClientError::Unauthorized { .. }), "{no}");
@@ -312,14 +317,7 @@ async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_does_not_prove_the_secret_gets_no_proof_from_the_agent() {
-    let a = Node::builder()
-        .listen("127.0.0.1:0")
-        .cluster_secret(SECRET)
-        .serve_clients(true)
-        .require_client_auth(true)
-        .start()
-        .await
-        .unwrap();
+    let a = agent_requiring_the_secret().await;
     let wrong = Secret::new(b"a guessed secret of enough bytes".to_vec()).unwrap();
     for attempt in ["no proof", "a wrong proof"] {
         let req = ClientRequestBuilder::new(a.url().parse().unwrap())
