@@ -258,6 +258,39 @@ fn default_data_dir() -> Result<PathBuf, Fail> {
     })
 }
 
+/// `roster id`: prints the node id of `data_dir` (the agent's default when `None`), making
+/// the identity of a new data directory without recording a start.
+pub fn identity(data_dir: Option<PathBuf>, json: bool) -> Result<(), Fail> {
+    let dir = match data_dir {
+        Some(d) => d,
+        None => default_data_dir()?,
+    };
+    let new_id = roster::registry::ReplicaId(
+        getrandom::u64().map_err(|e| Fail::failed(format!("no random id from the OS: {e}")))?,
+    );
+    let (id, made) = roster::store::Store::identity(&dir, new_id).map_err(|e| match e {
+        roster::store::StoreError::InUse { .. } => {
+            Fail::failed(format!("{e}; `roster status` asks the running agent for its id"))
+        }
+        other => Fail::failed(other.to_string()),
+    })?;
+    if json {
+        let v = serde_json::json!({
+            "node": id.to_string(),
+            "tls_name": format!("node-{id}"),
+            "made": made,
+            "data_dir": dir.display().to_string(),
+        });
+        println!("{v}");
+    } else {
+        println!("{id}");
+        if made {
+            eprintln!("roster: a new node identity was made in {}", dir.display());
+        }
+    }
+    Ok(())
+}
+
 /// Runs the agent until SIGINT or SIGTERM, then leaves gracefully.
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let (file, text) = match &args.config {

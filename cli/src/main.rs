@@ -125,6 +125,17 @@ enum Command {
         /// The instance id.
         instance: String,
     },
+    /// Print a data directory's node id without starting the agent (a new directory gets its
+    /// identity now): the id a TLS certificate names as `node-<id>`.
+    Id {
+        /// The agent's data directory [default: $ROSTER_DATA_DIR, or the platform data
+        /// directory].
+        #[arg(long, value_name = "DIR", env = "ROSTER_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+        /// Print JSON (machine output) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Ask for an anti-entropy round now (at most once per the agent's --sync-min-interval).
     Sync {
         #[command(flatten)]
@@ -198,6 +209,7 @@ fn main() -> ExitCode {
                 instance,
             } => commands::explain(&client, service, instance).await,
             Command::Sync { client } => commands::sync(&client).await,
+            Command::Id { data_dir, json } => agent::identity(data_dir, json),
         }
     });
     // Watches and the agent end on a signal; nothing else may linger.

@@ -260,6 +260,50 @@ impl Store {
         }
     }
 
+    /// This data directory's node id, without starting a node: read from its `roster.redb`,
+    /// or, when there is none, made and saved as [`Store::open`] would make it (a new
+    /// store that holds only its identity). Nothing else is written; no launch is
+    /// recorded, so asking does not count as a start. The second value says whether the
+    /// identity was made now. This is how an operator learns the id a TLS certificate must
+    /// name (`node-<id>`) before the node first starts.
+    ///
+    /// # Errors
+    /// [`StoreError`] as [`Store::open`]; [`StoreError::InUse`] while an agent runs on it.
+    pub fn identity(dir: &Path, new_id: ReplicaId) -> Result<(ReplicaId, bool), StoreError> {
+        let faults = disk::Faults::for_dir(dir);
+        disk::prepare_dir(dir)?;
+        let path = dir.join(STORE_FILE);
+        let corrupt = |why: &str| StoreError::Corrupt {
+            path: path.clone(),
+            why: format!("{why}{RESET_HINT}"),
+        };
+        if let Some(db) = disk::open_existing(&path, &faults)? {
+            let id = read_id(&db).map_err(|e| corrupt(&e))?;
+            return id
+                .map(|id| (ReplicaId(id), false))
+                .ok_or_else(|| corrupt("no replica id"));
+        }
+        let (db, temp) = disk::create_temporary(dir, &faults)?;
+        let written = write_identity(&db, new_id).map_err(|why| StoreError::Io {
+            path: temp.clone(),
+            why,
+        });
+        drop(db);
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
+        if disk::publish(&temp, &path)? {
+            return Ok((new_id, true));
+        }
+        // Another process made the store first: its id is the one.
+        let db =
+            disk::open_existing(&path, &faults)?.ok_or_else(|| corrupt("it vanished while being read"))?;
+        let id = read_id(&db).map_err(|e| corrupt(&e))?;
+        id.map(|id| (ReplicaId(id), false))
+            .ok_or_else(|| corrupt("no replica id"))
+    }
+
     fn open_with(
         dir: &Path,
         new_id: ReplicaId,
@@ -806,6 +850,19 @@ fn format_wall(ms: u64) -> String {
 }
 
 /// The replica id a store file holds.
+/// A new store's identity records, as [`Store::open`] writes them for a new node.
+fn write_identity(db: &Database, id: ReplicaId) -> Result<(), String> {
+    let tx = db.begin_write().map_err(|e| e.to_string())?;
+    {
+        let mut meta = tx.open_table(META).map_err(|e| e.to_string())?;
+        meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
+            .map_err(|e| e.to_string())?;
+        meta.insert(K_ID, id.0.to_le_bytes().as_slice())
+            .map_err(|e| e.to_string())?;
+    }
+    tx.commit().map_err(|e| e.to_string())
+}
+
 fn read_id(db: &Database) -> Result<Option<u64>, String> {
     let tx = db.begin_read().map_err(|e| e.to_string())?;
     let meta = tx.open_table(META).map_err(|e| e.to_string())?;

@@ -1225,6 +1225,43 @@ fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
 }
 
 #[test]
+fn roster_id_makes_and_prints_a_data_dirs_identity_without_counting_a_start() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let d = path_str(&dir);
+    let first = roster(&["id", "--data-dir", &d]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let id = text(&first.stdout).trim().to_string();
+    assert!(
+        id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id:?}"
+    );
+    assert!(
+        text(&first.stderr).contains("new node identity"),
+        "{}",
+        text(&first.stderr)
+    );
+    let again = roster(&["id", "--data-dir", &d, "--json"]);
+    let v: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(v["node"], id.as_str());
+    assert_eq!(v["tls_name"], format!("node-{id}"));
+    assert_eq!(v["made"], false);
+    // The agent started on it is that node, and its first start is its first launch.
+    let a = Agent::start(&dir, "a", &[]);
+    let status = a.json(&["status"]);
+    assert_eq!(status["node"], id.as_str());
+    assert_eq!(status["launches_recent"], 1);
+    // While the agent holds the directory, `roster id` says so and points at `status`.
+    let busy = roster(&["id", "--data-dir", &d]);
+    assert_eq!(busy.status.code(), Some(1), "{}", text(&busy.stderr));
+    assert!(
+        text(&busy.stderr).contains("roster status"),
+        "{}",
+        text(&busy.stderr)
+    );
+}
+
+#[test]
 fn the_crash_loop_guard_trips_after_too_many_launches_and_clears_after_staying_up() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
@@ -1973,16 +2010,16 @@ impl TestCa {
     }
 
     /// The agent flags for the agent `name` on data directory `dir`, with a certificate
-    /// that names its node id (`node-<id>`). The id is made by a first start without TLS.
+    /// that names its node id (`node-<id>`), which `roster id` makes before the first start.
     fn node_flags(&self, dir: &Path, name: &str) -> Vec<String> {
         self.node_flags_with(dir, name, &[])
     }
 
     /// As [`TestCa::node_flags`], the certificate carrying the names `extra` too.
     fn node_flags_with(&self, dir: &Path, name: &str, extra: &[String]) -> Vec<String> {
-        let first = Agent::start(dir, name, &[]);
-        let id = first.json(&["status"])["node"].as_str().unwrap().to_string();
-        drop(first);
+        let out = roster(&["id", "--data-dir", &path_str(dir)]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let id = text(&out.stdout).trim().to_string();
         let names = [&[format!("node-{id}")][..], extra].concat();
         self.flags_for(self.issue_with(name, &names))
     }
