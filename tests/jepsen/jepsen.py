@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Jepsen-style run of tests/jepsen/run (see tests/jepsen/README.md). Root only.
 
-Five agents a..e, each in its own network namespace on a bridge, every link between two
+Five agents a..e, each in its own network namespace on a bridge, speaking mutual TLS (a CA
+made with openssl; each certificate names its node, `roster id`), every link between two
 agents through a user-space forwarder (proxy.py) that delays, stalls, resets and silently
 cuts. A writer registers and deregisters instances of the service `jep` on every live agent
 throughout and records what was acknowledged; the checks compare every agent's
@@ -122,6 +123,31 @@ def stop_all():
         stop(key, signal.SIGKILL)
 
 
+# ---- certificates (openssl) ---------------------------------------------------------------
+def make_ca(d):
+    """A CA for the run, in directory d: its certificate's path."""
+    os.makedirs(d, mode=0o700)
+    ca, key = os.path.join(d, "ca.pem"), os.path.join(d, "ca.key")
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+       "-nodes", "-keyout", key, "-out", ca, "-days", "2", "-subj", "/CN=roster jepsen CA",
+       "-addext", "basicConstraints=critical,CA:TRUE",
+       "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return ca
+
+
+def issue(d, name, sans):
+    """A certificate and key for `name`, signed by the CA in d, carrying the names `sans`."""
+    csr, ext = os.path.join(d, f"{name}.csr"), os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write(f"subjectAltName={','.join(sans)}\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n")
+    sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+       "-keyout", os.path.join(d, f"{name}.key"), "-out", csr, "-subj", f"/CN={name}")
+    sh("openssl", "x509", "-req", "-in", csr, "-CA", os.path.join(d, "ca.pem"),
+       "-CAkey", os.path.join(d, "ca.key"), "-CAcreateserial", "-days", "2",
+       "-out", os.path.join(d, f"{name}.pem"), "-extfile", ext)
+
+
 # ---- the cluster --------------------------------------------------------------------------
 class Cluster:
     def __init__(self, work):
@@ -131,6 +157,8 @@ class Cluster:
         with open(self.secret, "wb") as f:
             f.write(os.urandom(32).hex().encode())
         os.chmod(self.secret, 0o600)
+        self.tls = os.path.join(work, "tls")
+        self.ca = make_ca(self.tls)
         self.alive = set()
         self.cut = []
         self.lossy = False
@@ -163,15 +191,18 @@ class Cluster:
                 time.sleep(0.05)
 
     def start_agent(self, n, clock_ahead=None):
+        data = os.path.join(self.work, f"data-{n}")
+        cert, key = self.certificate(n, data)
         args = [ROSTER, "agent", "--listen", f"0.0.0.0:{PORT[n]}",
-                "--advertise", f"ws://127.0.0.1:{PORT[n]}",
-                "--data-dir", os.path.join(self.work, f"data-{n}"),
+                "--advertise", f"wss://127.0.0.1:{PORT[n]}",
+                "--data-dir", data,
                 "--cluster-secret-file", self.secret, "--node-name", n,
                 "--gossip-interval", GOSSIP, "--lease-ttl", f"{int(LEASE)}s",
-                "--crash-guard", "off"]
+                "--crash-guard", "off",
+                "--tls-cert", cert, "--tls-key", key, "--tls-ca", self.ca]
         for m in NAMES:
             if m != n:
-                args += ["--join", f"ws://127.0.0.1:{PORT[m]}"]
+                args += ["--join", f"wss://127.0.0.1:{PORT[m]}"]
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
         if clock_ahead:
@@ -193,6 +224,16 @@ class Cluster:
             time.sleep(0.1)
         self.alive.add(n)
 
+    def certificate(self, n, data):
+        """Agent n's certificate and key, issued once: it names `node-<id>`, the id that
+        `roster id` makes in its data directory before the first start, and 127.0.0.1, the
+        host every agent dials (its proxy's end in the namespace)."""
+        cert, key = os.path.join(self.tls, f"{n}.pem"), os.path.join(self.tls, f"{n}.key")
+        if not os.path.exists(cert):
+            node = sh(ROSTER, "id", "--data-dir", data).stdout.strip()
+            issue(self.tls, n, [f"DNS:node-{node}", "IP:127.0.0.1"])
+        return cert, key
+
     def kill_agent(self, n):
         self.alive.discard(n)
         stop(f"agent-{n}", signal.SIGKILL)
@@ -200,7 +241,8 @@ class Cluster:
     def cli(self, n, *args, timeout=6):
         try:
             return subprocess.run(["ip", "netns", "exec", NS[n], ROSTER, *args,
-                                   "--agent", f"ws://127.0.0.1:{PORT[n]}"],
+                                   "--agent", f"wss://127.0.0.1:{PORT[n]}",
+                                   "--tls-ca", self.ca],
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
