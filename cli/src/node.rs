@@ -716,7 +716,8 @@ impl NodeBuilder {
         }
         let mut owned_map = BTreeMap::new();
         for mut rec in owned {
-            // The lease of this run applies to what it registers again.
+            // Saved for older builds, which gave each registration a lease of its own: it
+            // lives by the node's lease now.
             rec.lease_ttl_ms = millis(self.lease_ttl);
             match rec.parts() {
                 Ok((service, provider, endpoint, meta)) => {
@@ -725,7 +726,6 @@ impl NodeBuilder {
                         provider,
                         endpoint,
                         meta,
-                        ttl_ms: rec.lease_ttl_ms,
                     });
                     owned_map.insert(rec.key(), rec);
                 }
@@ -1068,10 +1068,9 @@ impl Node {
         // the two leaves a write that was never answered; the restarted node does not own
         // it, so it lapses with its lease (or is removed on resume if the saved replica
         // has it), as an unanswered write may.
-        let ttl = Duration::from_millis(rec.lease_ttl_ms);
         self.inner
             .handle
-            .register(service.clone(), provider.clone(), endpoint, meta, ttl)
+            .register(service.clone(), provider.clone(), endpoint, meta)
             .await?;
         if let Some(store) = self.inner.store() {
             let counter = self.inner.handle.replica().counter();
@@ -1082,13 +1081,10 @@ impl Node {
                 .and_then(|r| r.map_err(Error::from));
             if let Err(e) = saved {
                 // Not on disk: not registered. Put back what the store still has.
-                let previous = owned.get(&rec.key()).and_then(|p| {
-                    let ttl = Duration::from_millis(p.lease_ttl_ms);
-                    p.parts().ok().map(|parts| (parts, ttl))
-                });
+                let previous = owned.get(&rec.key()).and_then(|p| p.parts().ok());
                 match previous {
-                    Some(((s, p, ep, m), ttl)) => {
-                        let _ = self.inner.handle.register(s, p, ep, m, ttl).await;
+                    Some((s, p, ep, m)) => {
+                        let _ = self.inner.handle.register(s, p, ep, m).await;
                     }
                     None => {
                         let _ = self.inner.handle.deregister(service, provider).await;
@@ -1381,9 +1377,11 @@ impl Node {
                     lease_dot: dot(&r.lease_dot),
                 })
                 .collect(),
+            // The lease the winning write lives by: that of the node that wrote it.
             lease: prov
                 .leases
                 .iter()
+                .filter(|(d, _)| prov.winner.as_ref().is_some_and(|w| w.actor == d.actor))
                 .max_by_key(|(_, l)| l.issued)
                 .map(|(d, l)| (dot(d), l.issued.millis(), l.deadline_ms())),
             acknowledged_by: acked

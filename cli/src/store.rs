@@ -66,7 +66,8 @@ pub struct OwnedRecord {
     pub address: String,
     /// Metadata pairs.
     pub meta: Vec<(String, String)>,
-    /// The lease, in milliseconds.
+    /// The node's lease when it was saved, in milliseconds. Kept so the record's encoding
+    /// stays the same; a registration lives by its node's lease of the current run.
     pub lease_ttl_ms: u64,
     /// When it was registered (wall ms).
     pub registered_at_ms: u64,

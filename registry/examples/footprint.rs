@@ -85,10 +85,7 @@ fn main() {
         )
         .unwrap()
         .delta;
-    let renewal = r
-        .renew(p.clone(), 30_000, Hlc::new(1_764_460_810_000, 0))
-        .unwrap()
-        .delta;
+    let renewal = r.renew(30_000, Hlc::new(1_764_460_810_000, 0)).unwrap().delta;
     let dereg = r.deregister(web, p, 1_764_460_811_000).unwrap().delta;
     println!("encoded sizes (bytes), two metadata pairs, a random 64-bit node id:");
     println!(

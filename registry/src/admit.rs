@@ -231,7 +231,7 @@ impl Replica {
                     d.clone()
                 };
                 moved.insert(d.clone(), d2.clone());
-                out.insert_lease(p.clone(), d2, *v);
+                out.insert_lease(*p, d2, *v);
             }
         }
         for (k, f) in own.regs.iter() {

@@ -14,7 +14,13 @@ use crate::error::DecodeError;
 use crate::state::{Elided, State, Wire};
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+///
+/// 2: one lease per node (keyed by node id). 1 (read from disk only): one lease per
+/// provider, converted on decode (see [`crate::state::legacy`]).
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The oldest format [`decode_state`] still reads.
+pub const OLDEST_FORMAT_VERSION: u8 = 1;
 
 fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let out = vec![FORMAT_VERSION];
@@ -34,6 +40,10 @@ fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
             supported: FORMAT_VERSION,
         });
     }
+    decode_body(body)
+}
+
+fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     let (value, rest) = postcard::take_from_bytes(body).map_err(DecodeError::Malformed)?;
     if !rest.is_empty() {
         return Err(DecodeError::TrailingBytes(rest.len()));
@@ -46,11 +56,17 @@ pub fn encode_state(state: &State) -> Vec<u8> {
     encode_value(&state.wire())
 }
 
-/// Decodes a state or a delta, checking every invariant.
+/// Decodes a state or a delta, checking every invariant. A state of format 1 (a data
+/// directory written before leases were per node) is converted: see
+/// [`crate::state::legacy`].
 ///
 /// # Errors
 /// [`DecodeError`] for empty, truncated, extended, wrong-version or invalid input.
 pub fn decode_state(bytes: &[u8]) -> Result<State, DecodeError> {
+    if let Some((&1, body)) = bytes.split_first() {
+        let w: crate::state::legacy::WireV1 = decode_body(body)?;
+        return Ok(w.into_state()?);
+    }
     let w: Wire = decode_value(bytes)?;
     Ok(State::from_parts(
         w.regs,

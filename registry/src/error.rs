@@ -91,6 +91,14 @@ pub enum InvalidState {
     /// A counter is above [`crate::MAX_COUNTER`]: no node mints that many dots.
     #[error("counter {0} is above the largest a node may mint (2^62)")]
     CounterTooLarge(String),
+    /// A node's lease holds a write of another node: only a node renews its own lease.
+    #[error("the lease of node {node} holds {dot}, a write of another node")]
+    ForeignLease {
+        /// The node whose lease it is.
+        node: String,
+        /// The foreign dot.
+        dot: String,
+    },
     /// The dot cloud holds a dot the version vector already covers.
     #[error("dot cloud holds {0}, which the version vector already covers")]
     CloudNotCompact(String),

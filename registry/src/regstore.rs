@@ -1,11 +1,12 @@
-//! The registrations of a state, with a count of registrations per provider.
+//! The registrations of a state, with a count of registrations per writer.
 //!
-//! Reads go straight to the map (through `Deref`); every change of its keys goes through
-//! the methods here, which keep the counts in step. When a lease comes alive or dies, a join
-//! must report every registration of that provider; the count tells it whether the ones it
-//! already looked at are all of them (nearly always), so it scans the store only when they
-//! are not. A count per provider costs a few bytes per registration; a full
-//! (provider, service) index cost about 60.
+//! Reads go straight to the map (through `Deref`); every change goes through the methods
+//! here, which keep the counts in step. A registration lives by the lease of the node that
+//! wrote it, so when a node's lease comes alive or dies, a join must report every
+//! registration holding a write of that node; the count tells it whether the ones it already
+//! looked at are all of them (nearly always), so it scans the store only when they are not.
+//! A count per writer costs a few bytes per node; a full (writer, key) index would cost
+//! about 60 per registration.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,15 +14,17 @@ use rustc_hash::FxBuildHasher;
 use std::ops::Deref;
 
 use crate::dotfun::DotFun;
-use crate::id::ProviderId;
+use crate::id::ReplicaId;
 use crate::state::RegKey;
 use crate::value::Registration;
 
-/// Registrations by `(service, provider)`, indexed by provider.
+type Counts = HashMap<ReplicaId, u32, FxBuildHasher>;
+
+/// Registrations by `(service, provider)`, with how many hold a write of each node.
 #[derive(Clone, Default)]
 pub(crate) struct RegStore {
     map: BTreeMap<RegKey, DotFun<Registration>>,
-    per_provider: HashMap<ProviderId, u32, FxBuildHasher>,
+    per_writer: Counts,
 }
 
 impl Deref for RegStore {
@@ -33,7 +36,7 @@ impl Deref for RegStore {
 
 impl PartialEq for RegStore {
     fn eq(&self, other: &Self) -> bool {
-        // The index derives from the map.
+        // The counts derive from the map.
         self.map == other.map
     }
 }
@@ -47,11 +50,11 @@ impl std::fmt::Debug for RegStore {
 
 impl From<BTreeMap<RegKey, DotFun<Registration>>> for RegStore {
     fn from(map: BTreeMap<RegKey, DotFun<Registration>>) -> Self {
-        let mut per_provider: HashMap<ProviderId, u32, FxBuildHasher> = HashMap::default();
-        for k in map.keys() {
-            *per_provider.entry(k.provider.clone()).or_default() += 1;
+        let mut per_writer = Counts::default();
+        for f in map.values() {
+            count(&mut per_writer, f, 1);
         }
-        Self { map, per_provider }
+        Self { map, per_writer }
     }
 }
 
@@ -63,51 +66,66 @@ impl IntoIterator for RegStore {
     }
 }
 
-impl RegStore {
-    /// How many registrations `provider` has.
-    pub(crate) fn count_of(&self, provider: &ProviderId) -> u32 {
-        self.per_provider.get(provider).copied().unwrap_or(0)
-    }
+/// The nodes that wrote the dots of `f`, each once (dots sort by node first).
+fn writers(f: &DotFun<Registration>) -> impl Iterator<Item = ReplicaId> + '_ {
+    let mut last = None;
+    f.dots().filter_map(move |d| {
+        let new = last != Some(d.actor);
+        last = Some(d.actor);
+        new.then_some(d.actor)
+    })
+}
 
-    fn uncount(per_provider: &mut HashMap<ProviderId, u32, FxBuildHasher>, provider: &ProviderId) {
-        if let Some(n) = per_provider.get_mut(provider) {
-            *n -= 1;
-            if *n == 0 {
-                per_provider.remove(provider);
-            }
+/// Adds (`by` 1) or takes away (`by` -1) the writers of `f` to or from the counts.
+fn count(counts: &mut Counts, f: &DotFun<Registration>, by: i32) {
+    for w in writers(f) {
+        let n = counts.entry(w).or_default();
+        *n = n.saturating_add_signed(by);
+        if *n == 0 {
+            counts.remove(&w);
         }
     }
+}
 
-    pub(crate) fn get_mut(&mut self, k: &RegKey) -> Option<&mut DotFun<Registration>> {
-        self.map.get_mut(k)
+impl RegStore {
+    /// How many registrations hold a write of `writer`.
+    pub(crate) fn count_of(&self, writer: ReplicaId) -> u32 {
+        self.per_writer.get(&writer).copied().unwrap_or(0)
+    }
+
+    /// Runs `op` on the registration under `k`, if there is one, dropping it if `op`
+    /// empties it. `None` when there is none.
+    pub(crate) fn update<R>(
+        &mut self,
+        k: &RegKey,
+        op: impl FnOnce(&mut DotFun<Registration>) -> R,
+    ) -> Option<R> {
+        let f = self.map.get_mut(k)?;
+        count(&mut self.per_writer, f, -1);
+        let r = op(f);
+        if f.is_empty() {
+            self.map.remove(k);
+        } else {
+            count(&mut self.per_writer, f, 1);
+        }
+        Some(r)
     }
 
     pub(crate) fn insert(&mut self, k: RegKey, f: DotFun<Registration>) {
-        let provider = k.provider.clone();
-        if self.map.insert(k, f).is_none() {
-            *self.per_provider.entry(provider).or_default() += 1;
+        count(&mut self.per_writer, &f, 1);
+        if let Some(old) = self.map.insert(k, f) {
+            count(&mut self.per_writer, &old, -1);
         }
     }
 
-    pub(crate) fn remove(&mut self, k: &RegKey) {
-        if self.map.remove(k).is_some() {
-            Self::uncount(&mut self.per_provider, &k.provider);
-        }
-    }
-
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&RegKey, &mut DotFun<Registration>)> {
-        self.map.iter_mut()
-    }
-
-    /// Drops the keys whose dot function emptied.
-    pub(crate) fn drop_empty(&mut self) {
-        let per_provider = &mut self.per_provider;
+    /// Runs `op` on every registration, dropping those it empties.
+    pub(crate) fn update_all(&mut self, mut op: impl FnMut(&RegKey, &mut DotFun<Registration>)) {
+        let per_writer = &mut self.per_writer;
         self.map.retain(|k, f| {
-            let keep = !f.is_empty();
-            if !keep {
-                Self::uncount(per_provider, &k.provider);
-            }
-            keep
+            count(per_writer, f, -1);
+            op(k, f);
+            count(per_writer, f, 1);
+            !f.is_empty()
         });
     }
 
@@ -122,5 +140,52 @@ impl<'a> IntoIterator for &'a RegStore {
     type IntoIter = std::collections::btree_map::Iter<'a, RegKey, DotFun<Registration>>;
     fn into_iter(self) -> Self::IntoIter {
         self.map.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{dot, ProviderId, ServiceName};
+    use crate::{Endpoint, Hlc};
+
+    fn reg(lease: crate::id::Dot) -> Registration {
+        Registration {
+            endpoint: Endpoint::parse("10.0.0.1:80").unwrap(),
+            meta: crate::Metadata::default(),
+            written: Hlc::new(1, 0),
+            lease_dot: lease,
+        }
+    }
+
+    fn key(p: &str) -> RegKey {
+        RegKey {
+            service: ServiceName::new("web").unwrap(),
+            provider: ProviderId::new(p).unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_counts_follow_every_change_of_the_writers() {
+        let (a, b) = (ReplicaId(1), ReplicaId(2));
+        let mut s = RegStore::default();
+        let two = DotFun::from_vec(vec![(dot(a, 1), reg(dot(a, 9))), (dot(b, 1), reg(dot(b, 9)))]);
+        s.insert(key("x"), two);
+        s.insert(key("y"), DotFun::single(dot(a, 2), reg(dot(a, 9))));
+        assert_eq!((s.count_of(a), s.count_of(b)), (2, 1));
+        s.update(&key("x"), |f| {
+            f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(b, 1)]), None)
+        });
+        assert_eq!((s.count_of(a), s.count_of(b)), (2, 0));
+        s.update_all(|_, f| {
+            f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(a, 2)]), None);
+        });
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.count_of(a), 1);
+        s.update(&key("x"), |f| {
+            f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(a, 1)]), None)
+        });
+        assert_eq!(s.count_of(a), 0);
+        assert!(s.per_writer.is_empty());
     }
 }

@@ -36,7 +36,7 @@ pub struct InstanceRef<'a> {
     pub dot: &'a Dot,
     /// The registration.
     pub registration: &'a Registration,
-    /// The provider's lease that keeps it alive.
+    /// The lease of the node that wrote it, which keeps it alive.
     pub lease: &'a Lease,
 }
 
@@ -75,7 +75,8 @@ pub struct Instance {
     pub written: Hlc,
     /// The node that wrote it.
     pub node: ReplicaId,
-    /// When its provider's lease ends, in milliseconds since the epoch, unless renewed.
+    /// When the lease of the node that wrote it ends, in milliseconds since the epoch,
+    /// unless renewed.
     pub lease_deadline_ms: u64,
 }
 
@@ -100,7 +101,7 @@ pub struct Provenance {
     pub writes: Vec<(Dot, Registration)>,
     /// The winning write, the greatest `(written, dot)`.
     pub winner: Option<Dot>,
-    /// The provider's lease dots and values.
+    /// The lease dots and values of the nodes that wrote it.
     pub leases: Vec<(Dot, Lease)>,
     /// Whether a read at the given time shows the instance.
     pub live: bool,
@@ -157,11 +158,12 @@ impl Replica {
         dot(self.id, c)
     }
 
-    /// Registers (or updates) `provider`'s instance of `service`, and makes sure the
-    /// provider holds a lease of `lease_ttl_ms`.
+    /// Registers (or updates) `provider`'s instance of `service`, and makes sure this node
+    /// holds a lease of `lease_ttl_ms`: the registration lives by this node's lease, as
+    /// every registration lives by the lease of the node that wrote it.
     ///
-    /// The lease is written too only when the provider has no live lease of that length at
-    /// `now`, so re-registering costs one registration, not a registration and a lease.
+    /// The lease is written too only when this node has no live lease of that length at
+    /// `now`, so registering costs one registration, not a registration and a lease.
     ///
     /// # Errors
     /// [`InvalidInput`] when the metadata or the TTL break a limit; nothing is changed.
@@ -179,10 +181,7 @@ impl Replica {
         let key = RegKey { service, provider };
         let mut seen = self.state.reg_dots(&key);
         let mut delta = State::new_delta();
-        let current = self
-            .state
-            .lease(&key.provider)
-            .and_then(|f| f.winner(|l| l.issued));
+        let current = self.state.lease(self.id).and_then(|f| f.winner(|l| l.issued));
         let lease_dot = match current {
             // A lease issued after `now` (by a clock that ran ahead) is written again, at now.
             Some((d, l)) if l.is_live(now.millis()) && l.ttl_ms == lease_ttl_ms && l.issued <= now => {
@@ -190,9 +189,9 @@ impl Replica {
             }
             _ => {
                 let d = self.mint();
-                seen.extend(self.state.lease_dots(&key.provider));
+                seen.extend(self.state.lease_dots(self.id));
                 seen.push(d.clone());
-                delta.insert_lease(key.provider.clone(), d.clone(), lease);
+                delta.insert_lease(self.id, d.clone(), lease);
                 d
             }
         };
@@ -208,22 +207,18 @@ impl Replica {
         Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
     }
 
-    /// Renews `provider`'s lease: one small delta, whatever the number of its services.
+    /// Renews this node's lease: one small delta, whatever the number of its
+    /// registrations.
     ///
     /// # Errors
     /// [`InvalidInput::LeaseTtl`] when the TTL is out of range; nothing is changed.
-    pub fn renew(
-        &mut self,
-        provider: ProviderId,
-        lease_ttl_ms: u64,
-        now: Hlc,
-    ) -> Result<Applied, InvalidInput> {
+    pub fn renew(&mut self, lease_ttl_ms: u64, now: Hlc) -> Result<Applied, InvalidInput> {
         let lease = Lease::new(now, lease_ttl_ms)?;
-        let mut seen = self.state.lease_dots(&provider);
+        let mut seen = self.state.lease_dots(self.id);
         let d = self.mint();
         seen.push(d.clone());
         let mut delta = State::new_delta();
-        delta.insert_lease(provider, d, lease);
+        delta.insert_lease(self.id, d, lease);
         Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
     }
 
@@ -246,42 +241,37 @@ impl Replica {
     }
 
     /// Claims every counter up to the floor that this replica's context lacks, as
-    /// removed from `regs` and from the leases of `providers`: the keys this replica could
-    /// have written before a crash (its own registrations, those it removed lately, and
-    /// its providers' leases). Peers drop any value they hold under those dots (an old
+    /// removed from `regs` and from this node's lease: the keys this replica could have
+    /// written before a crash (its own registrations, those it removed lately, and its
+    /// lease). Peers drop any value they hold under those dots (an old
     /// write of ours, superseded by what the caller rewrote at start) and their version
     /// vectors close the gap, so the context stays compact.
     ///
     /// Call it after rewriting this node's own registrations. `None` when there is no gap.
-    pub fn close_gap(
-        &mut self,
-        regs: BTreeSet<RegKey>,
-        providers: BTreeSet<ProviderId>,
-        now_ms: u64,
-    ) -> Option<Applied> {
+    pub fn close_gap(&mut self, regs: BTreeSet<RegKey>, now_ms: u64) -> Option<Applied> {
         let seen = self.state.ctx.seen_through(self.id);
         let gap: Vec<Dot> = (seen + 1..=self.counter_floor)
             .map(|c| dot(self.id, c))
             .filter(|d| !self.state.ctx.contains(d))
             .collect();
-        (!gap.is_empty()).then(|| self.apply_removal(gap, regs, providers, now_ms))
+        (!gap.is_empty()).then(|| self.apply_removal(gap, regs, [self.id].into(), now_ms))
     }
 
-    /// Removes a provider entirely: its lease and all its registrations (a graceful exit).
-    /// `None` when the provider holds nothing.
-    pub fn deregister_provider(&mut self, provider: &ProviderId, now_ms: u64) -> Option<Applied> {
-        self.remove_providers([provider.clone()].into(), false, now_ms)
+    /// Removes this node's lease and every registration it wrote (a graceful exit).
+    /// `None` when it holds nothing.
+    pub fn deregister_all(&mut self, now_ms: u64) -> Option<Applied> {
+        self.remove_nodes([self.id].into(), false, now_ms)
     }
 
-    /// Collects every provider whose lease ended more than `grace_ms` before `now_ms`, with
-    /// all its registrations, and any registration whose lease was collected before it
-    /// arrived.
+    /// Collects every node whose lease ended more than `grace_ms` before `now_ms`, with
+    /// every write of its registrations, and any registration written under a lease that
+    /// was collected before it arrived.
     ///
     /// An ordinary observed-remove delta: any node may run it, sweeps need no coordination,
     /// and a concurrent renewal (a new dot) survives it. The grace must be at least the
     /// clock skew allowed between nodes. `None` when nothing has expired.
     pub fn expire(&mut self, now_ms: u64, grace_ms: u64) -> Option<Applied> {
-        let ended: BTreeSet<ProviderId> = self
+        let ended: BTreeSet<ReplicaId> = self
             .state
             .leases
             .iter()
@@ -289,41 +279,35 @@ impl Replica {
                 f.winner(|l| l.issued)
                     .is_some_and(|(_, l)| l.deadline_ms().saturating_add(grace_ms) <= now_ms)
             })
-            .map(|(p, _)| p.clone())
+            .map(|(n, _)| *n)
             .collect();
-        self.remove_providers(ended, true, now_ms)
+        self.remove_nodes(ended, true, now_ms)
     }
 
-    /// Removes the leases and registrations of `providers`, and with `orphans` also every
-    /// registration whose provider holds no lease here although this replica has seen the
-    /// lease it was written under: that lease was collected by a sweep that did not know of
-    /// the registration (written concurrently). One whose lease has not arrived yet stays.
-    fn remove_providers(
-        &mut self,
-        providers: BTreeSet<ProviderId>,
-        orphans: bool,
-        now_ms: u64,
-    ) -> Option<Applied> {
+    /// Removes the leases of `nodes` and every registration write they made, and with
+    /// `orphans` also every write whose node holds no lease here although this replica has
+    /// seen the lease it was written under: that lease was collected by a sweep that did
+    /// not know of the write (made concurrently). One whose lease has not arrived yet stays.
+    fn remove_nodes(&mut self, nodes: BTreeSet<ReplicaId>, orphans: bool, now_ms: u64) -> Option<Applied> {
         let mut dots = Vec::new();
         let mut leases = BTreeSet::new();
-        for p in providers.iter() {
-            let ds = self.state.lease_dots(p);
+        for n in &nodes {
+            let ds = self.state.lease_dots(*n);
             if !ds.is_empty() {
                 dots.extend(ds);
-                leases.insert(p.clone());
+                leases.insert(*n);
             }
         }
+        let goes = |d: &Dot, r: &Registration| {
+            nodes.contains(&d.actor)
+                || (orphans && self.state.lease(d.actor).is_none() && self.state.ctx.contains(&r.lease_dot))
+        };
         let mut regs = BTreeSet::new();
         for (key, f) in &self.state.regs {
-            let orphaned = orphans
-                && self.state.lease(&key.provider).is_none()
-                && f.iter().all(|(_, r)| self.state.ctx.contains(&r.lease_dot));
-            if orphaned || providers.contains(&key.provider) {
+            for (d, _) in f.iter().filter(|(d, r)| goes(d, r)) {
+                dots.push(d.clone());
                 regs.insert(key.clone());
             }
-        }
-        for key in &regs {
-            dots.extend(self.state.reg_dots(key));
         }
         (!dots.is_empty()).then(|| self.apply_removal(dots, regs, leases, now_ms))
     }
@@ -373,17 +357,18 @@ impl Replica {
             .min()
     }
 
-    /// The instances a read showed at `after_ms` and hides at `upto_ms` because their
-    /// provider's lease ended in between: time, not a join, took them down. Call it as
-    /// time passes (say every gossip tick) to tell watchers, since no delta will.
+    /// What a read showed at `after_ms` and shows differently at `upto_ms` because the
+    /// lease of a node that wrote it ended in between: time, not a join, took it down (or,
+    /// rarely, uncovered a concurrent write of a live node). Call it as time passes (say
+    /// every gossip tick) to tell watchers, since no delta will.
     pub fn lapsed(&self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
-        let ended: BTreeSet<&ProviderId> = self
+        let ended: BTreeSet<ReplicaId> = self
             .state
             .leases
             .iter()
-            .filter_map(|(p, f)| {
+            .filter_map(|(n, f)| {
                 let (_, l) = f.winner(|l| l.issued)?;
-                (l.is_live(after_ms) && !l.is_live(upto_ms)).then_some(p)
+                (l.is_live(after_ms) && !l.is_live(upto_ms)).then_some(*n)
             })
             .collect();
         if ended.is_empty() {
@@ -391,11 +376,17 @@ impl Replica {
         }
         let mut changes = Vec::new();
         for (k, f) in &self.state.regs {
-            if ended.contains(&k.provider) && f.winner(|r| r.written).is_some() {
-                changes.push(Change::Down {
+            if !f.dots().any(|d| ended.contains(&d.actor)) {
+                continue;
+            }
+            let was = self.live_instance(k, f, after_ms).map(|i| i.dot);
+            match self.live_instance(k, f, upto_ms) {
+                None if was.is_some() => changes.push(Change::Down {
                     service: k.service.clone(),
                     provider: k.provider.clone(),
-                });
+                }),
+                Some(i) if was != Some(i.dot) => changes.push(Change::Up(i.to_owned())),
+                _ => {}
             }
         }
         changes
@@ -410,7 +401,7 @@ impl Replica {
         &mut self,
         mut dots: Vec<Dot>,
         regs: BTreeSet<RegKey>,
-        leases: BTreeSet<ProviderId>,
+        leases: BTreeSet<ReplicaId>,
         now_ms: u64,
     ) -> Applied {
         dots.push(self.mint());
@@ -485,11 +476,11 @@ impl Replica {
         let before_ctx = self.state.ctx.restricted_to(&replicas);
         // Only the keys the join may touch can change: note their dots before.
         let incoming = State::keys_touched_by(&full);
-        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ProviderId>) = match &incoming {
-            Some((r, l)) => (r.iter().cloned().collect(), l.iter().cloned().collect()),
+        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ReplicaId>) = match &incoming {
+            Some((r, l)) => (r.iter().cloned().collect(), l.iter().copied().collect()),
             None => (
                 self.state.regs.keys().cloned().collect(),
-                self.state.leases.keys().cloned().collect(),
+                self.state.leases.keys().copied().collect(),
             ),
         };
         let reg_dots: BTreeMap<RegKey, Vec<Dot>> = reg_keys
@@ -499,12 +490,9 @@ impl Replica {
                 (k, dots)
             })
             .collect();
-        let lease_dots: BTreeMap<ProviderId, Vec<Dot>> = lease_keys
+        let lease_dots: BTreeMap<ReplicaId, Vec<Dot>> = lease_keys
             .into_iter()
-            .map(|p| {
-                let dots = self.state.lease_dots(&p);
-                (p, dots)
-            })
+            .map(|n| (n, self.state.lease_dots(n)))
             .collect();
         let (report, changes) = self.join_and_diff(full, now_ms);
         if !report.changed() {
@@ -532,21 +520,21 @@ impl Replica {
             }
             hint.0.insert(k.clone());
         }
-        for p in &report.leases {
-            let before = lease_dots.get(p).map(Vec::as_slice).unwrap_or_default();
+        for &n in &report.leases {
+            let before = lease_dots.get(&n).map(Vec::as_slice).unwrap_or_default();
             dots.extend(
                 before
                     .iter()
-                    .filter(|d| !self.state.lease(p).is_some_and(|f| f.contains(d)))
+                    .filter(|d| !self.state.lease(n).is_some_and(|f| f.contains(d)))
                     .cloned(),
             );
-            if let Some(f) = self.state.lease(p) {
+            if let Some(f) = self.state.lease(n) {
                 for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
-                    delta.insert_lease(p.clone(), d.clone(), *v);
+                    delta.insert_lease(n, d.clone(), *v);
                     dots.push(d.clone());
                 }
             }
-            hint.1.insert(p.clone());
+            hint.1.insert(n);
         }
         // The dots newly seen without a value (removals we never saw the writes of): for
         // each replica, between what we had seen whole and the newest dot now seen.
@@ -593,9 +581,10 @@ impl Replica {
     }
 
     fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
-        // What a read shows of a registration is its winning write, if its provider's lease
-        // is live. The join can change the winner only of the registrations it touches, and
-        // the liveness only of the leases it touches: note both before, compare after.
+        // What a read shows of a registration is its winning write among those whose node's
+        // lease is live. The join can change the writes only of the registrations it
+        // touches, and the liveness only of the leases it touches: note both before,
+        // compare after.
         let (regs, leases) = State::keys_touched_by(&delta).unwrap_or_else(|| {
             let regs = self.state.regs.keys().chain(delta.regs.keys()).cloned().collect();
             let leases = self
@@ -603,16 +592,13 @@ impl Replica {
                 .leases
                 .keys()
                 .chain(delta.leases.keys())
-                .cloned()
+                .copied()
                 .collect();
             (regs, leases)
         });
-        let live_before: Vec<(ProviderId, bool)> = leases
+        let live_before: Vec<(ReplicaId, bool)> = leases
             .into_iter()
-            .map(|p| {
-                let live = self.lease_live(&p, now_ms);
-                (p, live)
-            })
+            .map(|n| (n, self.lease_live(n, now_ms)))
             .collect();
         let visible_before: BTreeMap<RegKey, Option<Dot>> = regs
             .into_iter()
@@ -634,29 +620,31 @@ impl Replica {
                 }),
             }
         }
-        // Providers whose lease came alive or died: their other registrations (whose
-        // winners the join did not touch) appear or disappear with it.
-        let flipped: BTreeSet<ProviderId> = live_before
+        // Nodes whose lease came alive or died: the other registrations they wrote (whose
+        // writes the join did not touch) appear or disappear with it.
+        let flipped: BTreeSet<ReplicaId> = live_before
             .into_iter()
-            .filter(|(p, was)| self.lease_live(p, now_ms) != *was)
-            .map(|(p, _)| p)
+            .filter(|(n, was)| self.lease_live(*n, now_ms) != *was)
+            .map(|(n, _)| n)
             .collect();
-        // Nearly always the join already looked at every registration of such a provider
+        if flipped.is_empty() {
+            return (report, changes);
+        }
+        // Nearly always the join already looked at every registration such a node wrote
         // (they came in the same delta, or went with the lease); the counts say when it did
         // not, and only then is the store scanned.
-        let mut looked_at: BTreeMap<&ProviderId, u32> = BTreeMap::new();
-        for k in visible_before
-            .keys()
-            .filter(|k| flipped.contains(&k.provider) && self.state.reg(k).is_some())
-        {
-            *looked_at.entry(&k.provider).or_default() += 1;
+        let mut looked_at: BTreeMap<ReplicaId, u32> = BTreeMap::new();
+        for f in visible_before.keys().filter_map(|k| self.state.reg(k)) {
+            for n in flipped.iter().filter(|n| f.dots().any(|d| d.actor == **n)) {
+                *looked_at.entry(*n).or_default() += 1;
+            }
         }
         let unseen = flipped
             .iter()
-            .any(|p| looked_at.get(p).copied().unwrap_or(0) < self.state.registrations_of(p));
+            .any(|n| looked_at.get(n).copied().unwrap_or(0) < self.state.registrations_by(*n));
         if unseen {
             for (k, f) in &self.state.regs {
-                if !flipped.contains(&k.provider) || visible_before.contains_key(k) {
+                if visible_before.contains_key(k) || !f.dots().any(|d| flipped.contains(&d.actor)) {
                     continue;
                 }
                 changes.push(match self.live_instance(k, f, now_ms) {
@@ -671,13 +659,13 @@ impl Replica {
         (report, changes)
     }
 
-    fn lease_live(&self, provider: &ProviderId, now_ms: u64) -> bool {
-        self.lease_of(provider).is_some_and(|l| l.is_live(now_ms))
+    fn lease_live(&self, node: ReplicaId, now_ms: u64) -> bool {
+        self.lease_of(node).is_some_and(|l| l.is_live(now_ms))
     }
 
-    /// The winning lease of a provider, live or not.
-    pub fn lease_of(&self, provider: &ProviderId) -> Option<&Lease> {
-        self.state.lease(provider)?.winner(|l| l.issued).map(|(_, l)| l)
+    /// The winning lease of a node, live or not.
+    pub fn lease_of(&self, node: ReplicaId) -> Option<&Lease> {
+        self.state.lease(node)?.winner(|l| l.issued).map(|(_, l)| l)
     }
 
     /// The live instance under `key` at `now_ms`, if any.
@@ -692,8 +680,15 @@ impl Replica {
         f: &'a crate::dotfun::DotFun<Registration>,
         now_ms: u64,
     ) -> Option<InstanceRef<'a>> {
-        let lease = self.lease_of(&k.provider).filter(|l| l.is_live(now_ms))?;
-        let (dot, registration) = f.winner(|r| r.written)?;
+        // The greatest `(written, dot)` among the writes whose node's lease is live: a write
+        // lives by the lease of the node that made it.
+        let (dot, registration, lease) = f
+            .iter()
+            .filter_map(|(d, r)| {
+                let lease = self.lease_of(d.actor).filter(|l| l.is_live(now_ms))?;
+                Some((d, r, lease))
+            })
+            .max_by(|a, b| (a.1.written, a.0).cmp(&(b.1.written, b.0)))?;
         Some(InstanceRef {
             service: &k.service,
             provider: &k.provider,
@@ -738,11 +733,12 @@ impl Replica {
             provider: provider.clone(),
         };
         let f = self.state.reg(&key)?;
-        let leases = self
-            .state
-            .lease(provider)
-            .map(|lf| lf.iter().map(|(d, l)| (d.clone(), *l)).collect())
-            .unwrap_or_default();
+        let writers: BTreeSet<ReplicaId> = f.dots().map(|d| d.actor).collect();
+        let leases = writers
+            .into_iter()
+            .filter_map(|n| self.state.lease(n))
+            .flat_map(|lf| lf.iter().map(|(d, l)| (d.clone(), *l)))
+            .collect();
         Some(Provenance {
             writes: f.iter().map(|(d, r)| (d.clone(), r.clone())).collect(),
             winner: f.winner(|r| r.written).map(|(d, _)| d.clone()),

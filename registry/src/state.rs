@@ -3,7 +3,8 @@
 //! The store has two kinds of registers, both dot functions:
 //! - `regs`: one last-writer-wins register per `(service, provider)`, holding the
 //!   provider's [`Registration`] of that service;
-//! - `leases`: one register per provider, holding its [`Lease`].
+//! - `leases`: one register per node, holding its [`Lease`]: every registration lives by
+//!   the lease of the node that wrote it.
 //!
 //! A [`State`] is both a replica's full state and a delta: a mutator returns a small
 //! `State` whose context holds exactly the dots it is about, and replication is nothing but
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::{ConflictingDot, ElidedError, InvalidState, MissingValue};
-use crate::id::{Dot, ProviderId, ServiceName};
+use crate::id::{Dot, ProviderId, ReplicaId, ServiceName};
 use crate::regstore::RegStore;
 use crate::value::{Lease, Registration};
 
@@ -39,7 +40,7 @@ pub struct RegKey {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Touched {
     pub(crate) regs: BTreeSet<RegKey>,
-    pub(crate) leases: BTreeSet<ProviderId>,
+    pub(crate) leases: BTreeSet<ReplicaId>,
 }
 
 /// A registry state, or a delta (a state of the same type).
@@ -55,9 +56,9 @@ pub struct State {
     pub(crate) touched: Option<Touched>,
 }
 
-/// The leases, by provider. A hash map: every read of an instance looks its provider's
-/// lease up, and order matters only when encoding (which sorts).
-pub(crate) type LeaseMap = HashMap<ProviderId, DotFun<Lease>, FxBuildHasher>;
+/// The leases, by node. A hash map: every read of an instance looks its writer's lease up,
+/// and order matters only when encoding (which sorts).
+pub(crate) type LeaseMap = HashMap<ReplicaId, DotFun<Lease>, FxBuildHasher>;
 
 impl PartialEq for State {
     fn eq(&self, other: &Self) -> bool {
@@ -81,8 +82,8 @@ impl std::fmt::Debug for State {
 pub struct JoinReport {
     /// Registrations that gained or lost a dot.
     pub regs: BTreeSet<RegKey>,
-    /// Providers whose lease gained or lost a dot.
-    pub leases: BTreeSet<ProviderId>,
+    /// Nodes whose lease gained or lost a dot.
+    pub leases: BTreeSet<ReplicaId>,
     /// Whether the join taught this state a dot it had not seen.
     pub context_grew: bool,
 }
@@ -94,57 +95,55 @@ impl JoinReport {
     }
 }
 
-/// A map from keys to dot functions: the `BTreeMap` of registrations or the `HashMap` of
-/// leases.
+/// A map from keys to dot functions: the registrations ([`RegStore`], which counts their
+/// writers) or the `HashMap` of leases. Every change goes through `update`, `insert_fun`
+/// and `update_all`, so a map can keep an index in step.
 trait FunMap<K: 'static, V: 'static>: IntoIterator<Item = (K, DotFun<V>)> {
-    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>>;
+    /// Runs `op` on the function under `k` and drops it if `op` empties it; `None` when
+    /// there is none.
+    fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R>;
     fn insert_fun(&mut self, k: K, f: DotFun<V>);
-    fn remove_fun(&mut self, k: &K);
     fn keys_of(&self) -> impl Iterator<Item = &K>;
-    fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)>;
-    fn drop_empty(&mut self);
+    /// Runs `op` on every function and drops those it empties.
+    fn update_all(&mut self, op: impl FnMut(&K, &mut DotFun<V>));
 }
 
 impl FunMap<RegKey, Registration> for RegStore {
-    fn get_fun_mut(&mut self, k: &RegKey) -> Option<&mut DotFun<Registration>> {
-        self.get_mut(k)
+    fn update<R>(&mut self, k: &RegKey, op: impl FnOnce(&mut DotFun<Registration>) -> R) -> Option<R> {
+        RegStore::update(self, k, op)
     }
     fn insert_fun(&mut self, k: RegKey, f: DotFun<Registration>) {
         self.insert(k, f);
     }
-    fn remove_fun(&mut self, k: &RegKey) {
-        self.remove(k);
-    }
     fn keys_of(&self) -> impl Iterator<Item = &RegKey> {
         self.keys()
     }
-    fn funs_mut(&mut self) -> impl Iterator<Item = (&RegKey, &mut DotFun<Registration>)> {
-        self.iter_mut()
-    }
-    fn drop_empty(&mut self) {
-        RegStore::drop_empty(self);
+    fn update_all(&mut self, op: impl FnMut(&RegKey, &mut DotFun<Registration>)) {
+        RegStore::update_all(self, op);
     }
 }
 impl<K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher> FunMap<K, V>
     for HashMap<K, DotFun<V>, S>
 {
-    fn get_fun_mut(&mut self, k: &K) -> Option<&mut DotFun<V>> {
-        self.get_mut(k)
+    fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R> {
+        let f = self.get_mut(k)?;
+        let r = op(f);
+        if f.is_empty() {
+            self.remove(k);
+        }
+        Some(r)
     }
     fn insert_fun(&mut self, k: K, f: DotFun<V>) {
         self.insert(k, f);
     }
-    fn remove_fun(&mut self, k: &K) {
-        self.remove(k);
-    }
     fn keys_of(&self) -> impl Iterator<Item = &K> {
         self.keys()
     }
-    fn funs_mut(&mut self) -> impl Iterator<Item = (&K, &mut DotFun<V>)> {
-        self.iter_mut()
-    }
-    fn drop_empty(&mut self) {
-        self.retain(|_, f| !f.is_empty());
+    fn update_all(&mut self, mut op: impl FnMut(&K, &mut DotFun<V>)) {
+        self.retain(|k, f| {
+            op(k, f);
+            !f.is_empty()
+        });
     }
 }
 
@@ -175,15 +174,12 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
                 }
             }
         }
-        None => {
-            for (k, f) in mine.funs_mut() {
-                if !their_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
-                    f.shrink();
-                    changed.insert(k.clone());
-                }
+        None => mine.update_all(|k, f| {
+            if !their_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
+                f.shrink();
+                changed.insert(k.clone());
             }
-            mine.drop_empty();
-        }
+        }),
     }
     changed
 }
@@ -197,22 +193,24 @@ fn join_key<K: Clone + 'static, V: 'static>(
     my_ctx: &CausalContext,
     their_ctx: &CausalContext,
 ) -> bool {
-    match map.get_fun_mut(k) {
-        Some(mine) => {
-            let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs.as_ref());
-            for (d, v) in theirs.into_iter().flat_map(DotFun::into_iter) {
-                if !my_ctx.contains(&d) {
-                    changed |= mine.insert(d, v);
-                }
+    let mut theirs = Some(theirs);
+    let joined = map.update(k, |mine| {
+        let theirs = theirs.take().flatten();
+        let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs.as_ref());
+        for (d, v) in theirs.into_iter().flat_map(DotFun::into_iter) {
+            if !my_ctx.contains(&d) {
+                changed |= mine.insert(d, v);
             }
-            if mine.is_empty() {
-                map.remove_fun(k);
-            } else if changed {
-                mine.shrink();
-            }
-            changed
         }
+        if changed {
+            mine.shrink();
+        }
+        changed
+    });
+    match joined {
+        Some(changed) => changed,
         None => {
+            let theirs = theirs.take().flatten();
             let new: Vec<(Dot, V)> = theirs
                 .into_iter()
                 .flat_map(DotFun::into_iter)
@@ -285,13 +283,13 @@ impl State {
         self.regs.get(key)
     }
 
-    pub(crate) fn lease(&self, provider: &ProviderId) -> Option<&DotFun<Lease>> {
-        self.leases.get(provider)
+    pub(crate) fn lease(&self, node: ReplicaId) -> Option<&DotFun<Lease>> {
+        self.leases.get(&node)
     }
 
-    /// How many registrations a provider has.
-    pub(crate) fn registrations_of(&self, provider: &ProviderId) -> u32 {
-        self.regs.count_of(provider)
+    /// How many registrations hold a write of `node`.
+    pub(crate) fn registrations_by(&self, node: ReplicaId) -> u32 {
+        self.regs.count_of(node)
     }
 
     /// The registrations of one service, in provider order.
@@ -308,9 +306,9 @@ impl State {
             .take_while(move |(k, _)| &k.service == service)
     }
 
-    /// The keys (registrations, then providers) a join with `other` may touch; `None` when
-    /// `other` is a full state and every key may be touched.
-    pub(crate) fn keys_touched_by(other: &State) -> Option<(BTreeSet<RegKey>, BTreeSet<ProviderId>)> {
+    /// The keys (registrations, then the nodes of leases) a join with `other` may touch;
+    /// `None` when `other` is a full state and every key may be touched.
+    pub(crate) fn keys_touched_by(other: &State) -> Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)> {
         let t = other.touched.as_ref()?;
         let regs = t.regs.iter().chain(other.regs.keys()).cloned().collect();
         let leases = t.leases.iter().chain(other.leases.keys()).cloned().collect();
@@ -319,24 +317,25 @@ impl State {
 
     /// Inserts a dot into a registration; the caller guarantees the dot is new.
     pub(crate) fn insert_reg(&mut self, key: RegKey, d: Dot, v: Registration) {
-        match self.regs.get_mut(&key) {
-            Some(f) => {
+        let mut pair = Some((d, v));
+        let added = self.regs.update(&key, |f| {
+            if let Some((d, v)) = pair.take() {
                 f.insert(d, v);
             }
-            None => {
-                self.regs.insert(key, DotFun::single(d, v));
-            }
+        });
+        if let (None, Some((d, v))) = (added, pair) {
+            self.regs.insert(key, DotFun::single(d, v));
         }
     }
 
-    /// Inserts a dot into a provider's lease; the caller guarantees the dot is new.
-    pub(crate) fn insert_lease(&mut self, provider: ProviderId, d: Dot, v: Lease) {
-        match self.leases.get_mut(&provider) {
+    /// Inserts a dot into a node's lease; the caller guarantees the dot is new.
+    pub(crate) fn insert_lease(&mut self, node: ReplicaId, d: Dot, v: Lease) {
+        match self.leases.get_mut(&node) {
             Some(f) => {
                 f.insert(d, v);
             }
             None => {
-                self.leases.insert(provider, DotFun::single(d, v));
+                self.leases.insert(node, DotFun::single(d, v));
             }
         }
     }
@@ -429,13 +428,21 @@ impl State {
                 check(d)?;
             }
         }
-        for (p, f) in &leases {
+        for (node, f) in &leases {
             if f.is_empty() || !f.is_sorted_unique() {
-                return Err(InvalidState::EmptyEntry(format!("lease of {p}")));
+                return Err(InvalidState::EmptyEntry(format!("lease of {node}")));
             }
             for (d, v) in f.iter() {
                 v.validate()?;
                 check(d)?;
+                // A node's lease is written by that node alone: no node may keep another
+                // alive.
+                if d.actor != *node {
+                    return Err(InvalidState::ForeignLease {
+                        node: node.to_string(),
+                        dot: format!("{d}"),
+                    });
+                }
             }
         }
         Ok(Self {
@@ -447,7 +454,7 @@ impl State {
     }
 
     /// A delta that removes exactly these dots from these keys.
-    pub(crate) fn removal(dots: Vec<Dot>, regs: BTreeSet<RegKey>, leases: BTreeSet<ProviderId>) -> Self {
+    pub(crate) fn removal(dots: Vec<Dot>, regs: BTreeSet<RegKey>, leases: BTreeSet<ReplicaId>) -> Self {
         Self {
             ctx: CausalContext::from_dots(dots),
             touched: Some(Touched { regs, leases }),
@@ -487,9 +494,9 @@ impl State {
             for (d, v) in f.iter() {
                 stored.insert(d.clone());
                 if peer.contains(d) {
-                    dropped_leases.insert(p.clone());
+                    dropped_leases.insert(*p);
                 } else {
-                    out.insert_lease(p.clone(), d.clone(), *v);
+                    out.insert_lease(*p, d.clone(), *v);
                 }
             }
         }
@@ -534,25 +541,8 @@ impl State {
         keys
     }
 
-    /// The providers holding a lease that `replica` issued after `after`: what a node whose
-    /// clock ran ahead (then was fixed) left of its own leases. Sorted.
-    pub fn leases_issued_after(
-        &self,
-        replica: crate::id::ReplicaId,
-        after: crate::hlc::Hlc,
-    ) -> Vec<ProviderId> {
-        let mut out: Vec<ProviderId> = self
-            .leases
-            .iter()
-            .filter(|(_, f)| f.iter().any(|(d, l)| d.actor == replica && l.issued > after))
-            .map(|(p, _)| p.clone())
-            .collect();
-        out.sort();
-        out
-    }
-
     /// Whether `replica` wrote, under a counter up to `upto`, anything a read at `now_ms`
-    /// could show (a live lease, or a registration whose provider's lease is live) that
+    /// could show (its live lease, or a registration while its lease is live) that
     /// `removed` does not name as seen. One scan of the store.
     pub(crate) fn holds_live_writes_of(
         &self,
@@ -562,21 +552,14 @@ impl State {
         now_ms: u64,
     ) -> bool {
         let ours = |d: &Dot| d.actor == replica && d.counter <= upto && !removed.contains_unretired(d);
-        let live_lease = |p: &ProviderId| {
-            self.leases
-                .get(p)
-                .and_then(|f| f.winner(|l| l.issued))
-                .is_some_and(|(_, l)| l.is_live(now_ms))
+        let Some(lease) = self.leases.get(&replica) else {
+            return false;
         };
-        let leases = self
-            .leases
-            .iter()
-            .any(|(p, f)| f.iter().any(|(d, l)| ours(d) && l.is_live(now_ms)) && live_lease(p));
-        leases
-            || self
-                .regs
-                .iter()
-                .any(|(k, f)| f.dots().any(ours) && live_lease(&k.provider))
+        if !lease.winner(|l| l.issued).is_some_and(|(_, l)| l.is_live(now_ms)) {
+            return false;
+        }
+        lease.iter().any(|(d, l)| ours(d) && l.is_live(now_ms))
+            || self.regs.values().any(|f| f.dots().any(ours))
     }
 
     /// The lowest counter of a write `replica` minted that the store holds.
@@ -600,7 +583,7 @@ impl State {
         }
         for (p, f) in &self.leases {
             for (d, v) in f.iter().filter(|(d, _)| d.actor == replica) {
-                out.insert_lease(p.clone(), d.clone(), *v);
+                out.insert_lease(*p, d.clone(), *v);
             }
         }
         out
@@ -628,10 +611,10 @@ impl State {
             .unwrap_or_default()
     }
 
-    /// The dots of one provider's lease.
-    pub(crate) fn lease_dots(&self, p: &ProviderId) -> Vec<Dot> {
+    /// The dots of one node's lease.
+    pub(crate) fn lease_dots(&self, node: ReplicaId) -> Vec<Dot> {
         self.leases
-            .get(p)
+            .get(&node)
             .map(|f| f.dots().cloned().collect())
             .unwrap_or_default()
     }
@@ -667,7 +650,7 @@ impl State {
                     .iter()
                     .map(|(d, v)| (d.clone(), (!peer.contains(d)).then_some(*v)))
                     .collect();
-                (p.clone(), pairs)
+                (*p, pairs)
             })
             .collect();
         Elided {
@@ -711,7 +694,7 @@ impl crdts::CvRDT for State {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Elided {
     pub(crate) regs: BTreeMap<RegKey, Vec<(Dot, Option<Registration>)>>,
-    pub(crate) leases: BTreeMap<ProviderId, Vec<(Dot, Option<Lease>)>>,
+    pub(crate) leases: BTreeMap<ReplicaId, Vec<(Dot, Option<Lease>)>>,
     pub(crate) ctx: CausalContext,
 }
 
@@ -750,7 +733,7 @@ impl Elided {
             for (d, v) in pairs {
                 let v = match v {
                     Some(v) => v,
-                    None => match local.lease(&p).and_then(|lf| lf.get(&d)) {
+                    None => match local.lease(p).and_then(|lf| lf.get(&d)) {
                         Some(v) => *v,
                         None if local.ctx.contains(&d) => continue,
                         None => return Err(MissingValue { dot: format!("{d}") }.into()),
@@ -788,7 +771,7 @@ impl Elided {
 #[derive(Serialize)]
 pub(crate) struct WireRef<'a> {
     pub(crate) regs: &'a BTreeMap<RegKey, DotFun<Registration>>,
-    pub(crate) leases: BTreeMap<&'a ProviderId, &'a DotFun<Lease>>,
+    pub(crate) leases: BTreeMap<&'a ReplicaId, &'a DotFun<Lease>>,
     pub(crate) ctx: &'a CausalContext,
     pub(crate) touched: Option<Touched>,
 }
@@ -797,7 +780,7 @@ pub(crate) struct WireRef<'a> {
 #[derive(Deserialize)]
 pub(crate) struct Wire {
     pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
-    pub(crate) leases: BTreeMap<ProviderId, DotFun<Lease>>,
+    pub(crate) leases: BTreeMap<ReplicaId, DotFun<Lease>>,
     pub(crate) ctx: CausalContext,
     pub(crate) touched: Option<Touched>,
 }
@@ -827,6 +810,62 @@ impl State {
     }
 }
 
+/// The encoding of format 1, read from data directories written before leases were per
+/// node, and its conversion.
+pub(crate) mod legacy {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::{LeaseMap, RegKey, State};
+    use crate::context::CausalContext;
+    use crate::dotfun::DotFun;
+    use crate::error::InvalidState;
+    use crate::id::{Dot, ProviderId};
+    use crate::value::{Lease, Registration};
+
+    /// A format-1 state: one lease per provider.
+    #[derive(Deserialize)]
+    pub(crate) struct WireV1 {
+        regs: BTreeMap<RegKey, DotFun<Registration>>,
+        leases: BTreeMap<ProviderId, DotFun<Lease>>,
+        ctx: CausalContext,
+        #[allow(dead_code)] // read to consume its bytes; a converted state names no keys
+        touched: Option<TouchedV1>,
+    }
+
+    #[derive(Deserialize)]
+    struct TouchedV1 {
+        #[allow(dead_code)]
+        regs: std::collections::BTreeSet<RegKey>,
+        #[allow(dead_code)]
+        leases: std::collections::BTreeSet<ProviderId>,
+    }
+
+    impl WireV1 {
+        /// The state with every provider's lease moved to the node that wrote it: a node's
+        /// lease holds every lease dot it minted, so it lives while any of them does (its
+        /// own membership lease among them) until its next renewal replaces them all.
+        /// Registrations keep their dots and live by their writer's lease from now on. The
+        /// result names no keys (a full state).
+        pub(crate) fn into_state(self) -> Result<State, InvalidState> {
+            let mut by_node: BTreeMap<crate::id::ReplicaId, Vec<(Dot, Lease)>> = BTreeMap::new();
+            for (_, f) in self.leases {
+                for (d, l) in f.into_iter() {
+                    by_node.entry(d.actor).or_default().push((d, l));
+                }
+            }
+            let mut leases = LeaseMap::default();
+            for (node, mut pairs) in by_node {
+                pairs.sort_by(|a, b| a.0.cmp(&b.0));
+                pairs.dedup_by(|a, b| a.0 == b.0);
+                leases.insert(node, DotFun::from_vec(pairs));
+            }
+            State::from_parts(self.regs, leases, self.ctx, None)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crdts::CvRDT;
@@ -851,5 +890,25 @@ mod tests {
         let mut merged = before_crash.clone();
         merged.merge(before_crash.clone());
         assert_eq!(merged, before_crash);
+    }
+
+    #[test]
+    fn a_lease_holding_another_nodes_write_is_refused() {
+        // Node 2 writes a lease under node 1's id: it would keep node 1's registrations
+        // alive after node 1 died.
+        let lease = crate::Lease::new(Hlc::new(5, 0), 1_000).unwrap();
+        let forged = crate::id::dot(ReplicaId(2), 1);
+        let mut leases = super::LeaseMap::default();
+        leases.insert(ReplicaId(1), super::DotFun::single(forged.clone(), lease));
+        let ctx = crate::CausalContext::from_dots([forged]);
+        let err = super::State::from_parts(Default::default(), leases, ctx, None).unwrap_err();
+        assert!(
+            matches!(err, crate::error::InvalidState::ForeignLease { .. }),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the lease of node 0000000000000001 holds 0000000000000002.1, a write of another node"
+        );
     }
 }

@@ -6,8 +6,6 @@
 //! Three real nodes on loopback (`transport_loopback`'s helpers); the hostile peer is a raw
 //! WebSocket client speaking the peer protocol.
 
-use std::time::Duration;
-
 use futures_util::SinkExt;
 use roster_registry::{CausalContext, Endpoint, Hlc, ProviderId, Replica, ReplicaId, ServiceName, State};
 use roster_transport::driver::Handle;
@@ -18,8 +16,6 @@ use crate::transport_loopback::{
     authenticated_client, closed, cluster_of_three, eventually, members, now_ms, register, shows,
     shutdown_all, whole,
 };
-
-const HOUR: Duration = Duration::from_secs(3_600);
 
 /// Sends `message` to `node` as a hostile peer; returns the open connection.
 async fn send_poison(
@@ -71,14 +67,14 @@ async fn cluster_intact(nodes: [&Handle; 3], port: u16) {
         assert_eq!(members(n), 3, "{} lost a member", n.info().name);
     }
     let provider = format!("p-b-{port}");
-    register(nodes[1], "web", &provider, port, HOUR).await;
+    register(nodes[1], "web", &provider, port).await;
     eventually("a write on b to reach a", || shows(nodes[0], "web", &provider)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_the_secret_cannot_poison_the_cluster_with_crafted_deltas() {
     let (a, b, c) = cluster_of_three(Some(crate::transport_loopback::SECRET)).await;
-    register(&a, "web", "p-a", 8080, HOUR).await;
+    register(&a, "web", "p-a", 8080).await;
     eventually("a's registration on every node", || {
         [&a, &b, &c].iter().all(|n| shows(n, "web", "p-a"))
     })

@@ -43,7 +43,22 @@ fn golden_vector_pins_the_encoding_of_a_registration_delta() {
     assert_eq!(codec::decode_state(&bytes).unwrap(), golden_delta());
 }
 
-const GOLDEN_DELTA_HEX: &str = "010103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101057765622d3101820201808080c0d6fcf3c501b0ea01018202020000010000";
+const GOLDEN_DELTA_HEX: &str = "020103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";
+
+/// The same delta in format 1, when each provider had a lease of its own (`web-1`'s).
+const GOLDEN_DELTA_V1_HEX: &str = "010103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101057765622d3101820201808080c0d6fcf3c501b0ea01018202020000010000";
+
+#[test]
+fn a_format_1_state_is_read_with_each_lease_moved_to_the_node_that_wrote_it() {
+    let bytes: Vec<u8> = (0..GOLDEN_DELTA_V1_HEX.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&GOLDEN_DELTA_V1_HEX[i..i + 2], 16).unwrap())
+        .collect();
+    let state = codec::decode_state(&bytes).unwrap();
+    assert_eq!(state, golden_delta());
+    // It is read as a full state (its key hints named providers' leases).
+    assert!(!state.is_delta());
+}
 
 #[test]
 fn golden_vector_pins_the_encoding_of_a_digest() {
@@ -51,7 +66,7 @@ fn golden_vector_pins_the_encoding_of_a_digest() {
     assert_eq!(hex(&bytes), GOLDEN_DIGEST_HEX, "the encoding changed");
 }
 
-const GOLDEN_DIGEST_HEX: &str = "01018202020000";
+const GOLDEN_DIGEST_HEX: &str = "02018202020000";
 
 #[test]
 fn states_deltas_digests_and_elided_states_round_trip() {

@@ -119,9 +119,10 @@ fn a_single_replica_matches_a_btreemap_model() {
             let mut r = Replica::new(ReplicaId(7));
             let mut clock = roster_registry::HlcClock::new();
             let mut now = 1_000_000u64;
-            // The model: registrations by key, and each provider's lease deadline.
+            // The model: registrations by key, and the deadline of the node's lease, which
+            // every registration of this one writer lives by.
             let mut regs = BTreeMap::new();
-            let mut deadline: BTreeMap<_, u64> = BTreeMap::new();
+            let mut deadline: Option<u64> = None;
             for op in &s.0 {
                 match *op {
                     Op::Register {
@@ -135,7 +136,7 @@ fn a_single_replica_matches_a_btreemap_model() {
                         r.register(service(sv), provider(p), endpoint(port), meta(m), ttl, hlc)
                             .unwrap();
                         regs.insert((service(sv), provider(p)), (endpoint(port), meta(m)));
-                        let d = deadline.entry(provider(p)).or_insert(0);
+                        let d = deadline.get_or_insert(0);
                         if *d <= now {
                             *d = now + ttl;
                         }
@@ -148,21 +149,16 @@ fn a_single_replica_matches_a_btreemap_model() {
                         r.deregister(service(sv), provider(p), now);
                         regs.remove(&(service(sv), provider(p)));
                     }
-                    Op::Renew { provider: p, .. } => {
+                    Op::Renew { .. } => {
                         let hlc = clock.tick(now);
-                        r.renew(provider(p), ttl, hlc).unwrap();
-                        deadline.insert(provider(p), now + ttl);
+                        r.renew(ttl, hlc).unwrap();
+                        deadline = Some(now + ttl);
                     }
                     Op::Expire { .. } => {
                         r.expire(now, grace);
-                        let ended: Vec<_> = deadline
-                            .iter()
-                            .filter(|(_, &d)| d + grace <= now)
-                            .map(|(p, _)| p.clone())
-                            .collect();
-                        for p in ended {
-                            deadline.remove(&p);
-                            regs.retain(|(_, rp), _| rp != &p);
+                        if deadline.is_some_and(|d| d + grace <= now) {
+                            deadline = None;
+                            regs.clear();
                         }
                     }
                     Op::Tick { ms } => now += u64::from(ms),
@@ -183,7 +179,7 @@ fn a_single_replica_matches_a_btreemap_model() {
                         .collect();
                     let want: Vec<_> = regs
                         .iter()
-                        .filter(|((rs, rp), _)| rs == &sv && deadline.get(rp).is_some_and(|&d| now < d))
+                        .filter(|((rs, _), _)| rs == &sv && deadline.is_some_and(|d| now < d))
                         .map(|((_, rp), (e, m))| (rp.clone(), e.clone(), m.clone()))
                         .collect();
                     if got != want {
@@ -191,10 +187,7 @@ fn a_single_replica_matches_a_btreemap_model() {
                     }
                 }
                 let counts: usize = r.services(now).iter().map(|(_, n)| n).sum();
-                let want: usize = regs
-                    .keys()
-                    .filter(|(_, p)| deadline.get(p).is_some_and(|&d| now < d))
-                    .count();
+                let want: usize = regs.keys().filter(|_| deadline.is_some_and(|d| now < d)).count();
                 if counts != want {
                     return TestResult::error(format!("services() counts {counts}, model {want}"));
                 }
@@ -424,7 +417,7 @@ fn renewal_cost_does_not_grow_with_the_number_of_services() {
             )
             .unwrap();
         }
-        let delta = r2.renew(p.clone(), 10_000, clock.tick(2_000)).unwrap().delta;
+        let delta = r2.renew(10_000, clock.tick(2_000)).unwrap().delta;
         sizes.push(roster_registry::codec::encode_state(&delta).len());
     }
     assert!(
@@ -462,7 +455,7 @@ fn retiring_a_departed_node_bounds_the_context_and_drops_its_late_deltas() {
         }
     };
     sync(&mut nodes);
-    nodes[3].deregister_provider(&provider(3), 2_000).unwrap();
+    nodes[3].deregister_all(2_000).unwrap();
     sync(&mut nodes);
     assert_eq!(nodes[0].context().vector_len(), 4);
     // Node 1 retires node 4; a node still holding node 4's entries is refused.
@@ -698,7 +691,9 @@ fn explain_shows_the_winning_write_its_node_and_its_lease() {
                 .port(),
             81
         );
-        assert_eq!(r.next_deadline_ms(1_500), Some(11_001));
+        // Each write lives by its own node's lease: A's ends first (B's write still wins
+        // then, but the read must be looked at again).
+        assert_eq!(r.next_deadline_ms(1_500), Some(11_000));
     }
     // After the leases end, explain still shows the writes, and says they are not live.
     assert!(!a.explain(&s, &p, 11_001).unwrap().live);
@@ -945,5 +940,102 @@ fn a_state_trimmed_for_a_peer_joins_into_it_as_the_whole_does() {
             join(&y, &x.trimmed_for(y.context())) == join(&y, &x)
                 && join(&later, &x.trimmed_for(y.context())) == join(&later, &x)
         }) as fn(Schedule) -> bool,
+    );
+}
+
+#[test]
+fn a_node_renews_one_lease_whatever_the_number_of_instances_it_owns() {
+    use crate::support::{endpoint, service};
+    let mut r = Replica::new(ReplicaId(1));
+    let mut clock = roster_registry::HlcClock::new();
+    for i in 0..100u32 {
+        let p = roster_registry::ProviderId::new(&format!("inst-{i}")).unwrap();
+        let d = r
+            .register(
+                service((i % 3) as u8),
+                p,
+                endpoint(80),
+                Default::default(),
+                10_000,
+                clock.tick(1_000),
+            )
+            .unwrap()
+            .delta;
+        // Only the first registration writes the lease; the others ride on it.
+        assert_eq!(d.lease_count(), usize::from(i == 0), "registration {i}");
+    }
+    assert_eq!(r.state().lease_count(), 1);
+    let renewal = r.renew(10_000, clock.tick(6_000)).unwrap().delta;
+    assert_eq!((renewal.lease_count(), renewal.registration_count()), (1, 0));
+    let live = |r: &Replica, now| r.services(now).iter().map(|(_, n)| n).sum::<usize>();
+    assert_eq!(live(&r, 15_999), 100);
+    assert_eq!(live(&r, 16_000), 0, "they end with the node's lease, all at once");
+    let swept = r.expire(16_000, 0).unwrap().delta;
+    assert_eq!(r.state().registration_count(), 0);
+    assert_eq!(r.state().lease_count(), 0);
+    assert!(swept.is_delta(), "the sweep names the keys it removes");
+}
+
+#[test]
+fn every_write_lives_by_the_lease_of_the_node_that_made_it() {
+    use crate::support::{endpoint, service};
+    let (s, p) = (service(0), provider(0));
+    let mut a = Replica::new(ReplicaId(0xA));
+    let mut b = Replica::new(ReplicaId(0xB));
+    // Concurrent writes of one instance: A's lease lasts 60 s, B's (the later write) 10 s.
+    let hlc = roster_registry::Hlc::new;
+    let da = a.register(
+        s.clone(),
+        p.clone(),
+        endpoint(80),
+        Default::default(),
+        60_000,
+        hlc(1_000, 0),
+    );
+    let db = b.register(
+        s.clone(),
+        p.clone(),
+        endpoint(81),
+        Default::default(),
+        10_000,
+        hlc(1_001, 0),
+    );
+    a.apply(db.unwrap().delta, 1_001);
+    b.apply(da.unwrap().delta, 1_001);
+    let port = |r: &Replica, now| {
+        r.visible(
+            &roster_registry::RegKey {
+                service: s.clone(),
+                provider: p.clone(),
+            },
+            now,
+        )
+        .map(|i| i.registration.endpoint.port())
+    };
+    for r in [&a, &b] {
+        assert_eq!(
+            port(r, 5_000),
+            Some(81),
+            "the later write wins while its node lives"
+        );
+        assert_eq!(
+            port(r, 11_001),
+            Some(80),
+            "then the write of the node still alive shows"
+        );
+    }
+    // A's sweep collects B's lease and B's write only; A's write stays, and the read with it.
+    let changes = a.expire(11_001, 0).unwrap().changes;
+    assert!(changes.is_empty(), "the read did not change: {changes:?}");
+    assert_eq!(port(&a, 11_001), Some(80));
+    let e = a.explain(&s, &p, 11_001).unwrap();
+    assert_eq!(e.writes.len(), 1);
+    assert_eq!(e.writes[0].0.actor, ReplicaId(0xA));
+    // B's time-lapse report at the end of its lease says the value changed, not that the
+    // instance went down.
+    let lapsed = b.lapsed(11_000, 11_001);
+    assert!(
+        matches!(lapsed.as_slice(), [roster_registry::Change::Up(i)] if i.endpoint.port() == 80),
+        "{lapsed:?}"
     );
 }

@@ -93,9 +93,9 @@ fn a_crashed_node_resumes_under_its_floor_and_closing_the_gap_compacts_every_con
         },
     ]
     .into();
-    let gap = a.close_gap(regs, [p.clone()].into(), at).unwrap();
+    let gap = a.close_gap(regs, at).unwrap();
     assert_eq!(a.unclaimed_gap(), 0);
-    assert!(a.close_gap(BTreeSet::new(), BTreeSet::new(), at).is_none());
+    assert!(a.close_gap(BTreeSet::new(), at).is_none());
     ship(gap.delta, &mut b, at);
 
     // b drops the lost registration of db, shows web as rewritten, and both contexts are

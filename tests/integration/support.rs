@@ -315,7 +315,7 @@ impl Sim {
                 let now = self.tick(r);
                 let before = self.replicas[r].state().clone();
                 let applied = self.replicas[r]
-                    .renew(provider(p), self.rules.lease_ttl_ms, now)
+                    .renew(self.rules.lease_ttl_ms, now)
                     .expect("valid ttl");
                 self.publish(r, before, applied.delta);
             }

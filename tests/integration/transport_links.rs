@@ -143,7 +143,7 @@ async fn a_link_that_goes_silent_is_closed_and_its_slot_redialed_around_the_cut(
         vec![(b.info().id, true)],
         "one link, through the proxy"
     );
-    register(&a, "web", "before", 80, Duration::from_secs(60)).await;
+    register(&a, "web", "before", 80).await;
     eventually("a write to cross the proxy", || shows(&b, "web", "before")).await;
     let dials = a.counters().protocol.dials;
 
@@ -158,7 +158,7 @@ async fn a_link_that_goes_silent_is_closed_and_its_slot_redialed_around_the_cut(
     assert!(a.counters().driver.pings_sent >= 1, "A asked before giving up");
 
     // A's slot is free: it dials B again, at the URL B advertises, around the cut.
-    register(&a, "web", "after", 81, Duration::from_secs(60)).await;
+    register(&a, "web", "after", 81).await;
     eventually("a write made after the cut to reach B", || {
         shows(&b, "web", "after")
     })

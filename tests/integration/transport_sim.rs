@@ -34,8 +34,6 @@ struct Workload {
     written: BTreeMap<(ServiceName, ProviderId), BTreeSet<u16>>,
 }
 
-const TTL_MS: u64 = 15_000;
-
 fn key(i: usize) -> (ServiceName, ProviderId) {
     (
         ServiceName::new(&format!("svc-{}", i % 10)).unwrap(),
@@ -48,7 +46,7 @@ impl Workload {
         let (s, p) = key(i);
         let ep = Endpoint::new("10.9.9.9", port).unwrap();
         let done = sim.with_node(i, |n, now| {
-            n.register(s.clone(), p.clone(), ep, Default::default(), TTL_MS, now)
+            n.register(s.clone(), p.clone(), ep, Default::default(), now)
         });
         if let Some(r) = done {
             r.unwrap();

@@ -84,7 +84,6 @@ fn main() {
                     ProviderId::new(&provider).unwrap(),
                     Endpoint::new("10.0.0.1", 8080).unwrap(),
                     Metadata::new(),
-                    Duration::from_secs(60),
                 )
                 .await
                 .unwrap();

@@ -125,15 +125,8 @@ fn main() {
         let start = sim.now_ms();
         let rx_before = total_received(&sim);
         sim.with_node(0, |node, now| {
-            node.register(
-                service.clone(),
-                provider.clone(),
-                ep.clone(),
-                meta.clone(),
-                30_000,
-                now,
-            )
-            .unwrap()
+            node.register(service.clone(), provider.clone(), ep.clone(), meta.clone(), now)
+                .unwrap()
         });
         sim.run_for(window_ms);
         let (copies, rx) = {

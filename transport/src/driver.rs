@@ -470,11 +470,12 @@ impl Handle {
         self.inner.status.borrow().connected.clone()
     }
 
-    /// Registers (or updates) an instance this node owns and keeps its lease alive; the
-    /// cluster hears of it within a push delay. `ttl` is the lease (100 ms to 24 h).
+    /// Registers (or updates) an instance this node owns; it lives by the node's lease
+    /// (`Config::member_lease_ttl_ms`), which the node renews. The cluster hears of it
+    /// within a push delay.
     ///
     /// # Errors
-    /// [`DriverError::Invalid`] when the metadata or TTL break a limit, or
+    /// [`DriverError::Invalid`] when the metadata break a limit, or
     /// [`DriverError::Stopped`]; nothing changed either way.
     pub async fn register(
         &self,
@@ -482,16 +483,13 @@ impl Handle {
         provider: ProviderId,
         endpoint: Endpoint,
         meta: Metadata,
-        ttl: Duration,
     ) -> Result<(), DriverError> {
         let (reply, answer) = oneshot::channel();
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let cmd = Command::Register {
             service,
             provider,
             endpoint,
             meta,
-            ttl_ms,
             reply,
         };
         self.ask(cmd, answer).await?

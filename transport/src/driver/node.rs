@@ -39,7 +39,6 @@ pub(super) enum Command {
         provider: ProviderId,
         endpoint: Endpoint,
         meta: Metadata,
-        ttl_ms: u64,
         reply: oneshot::Sender<Result<(), DriverError>>,
     },
     Deregister {
@@ -270,14 +269,13 @@ impl NodeTask {
                 provider,
                 endpoint,
                 meta,
-                ttl_ms,
                 reply,
             } => {
                 let r = if self.stopping {
                     Err(DriverError::Stopped)
                 } else {
                     self.node
-                        .register(service, provider, endpoint, meta, ttl_ms, now)
+                        .register(service, provider, endpoint, meta, now)
                         .map_err(DriverError::Invalid)
                 };
                 // Read-your-writes: the snapshot shows the write before the caller hears back.

@@ -316,8 +316,6 @@ pub struct OwnedRegistration {
     pub endpoint: Endpoint,
     /// Its metadata.
     pub meta: Metadata,
-    /// Its lease, in milliseconds.
-    pub ttl_ms: u64,
 }
 
 /// What a node resuming from disk must write again and may have written before it
@@ -404,7 +402,6 @@ pub struct KnownPeer {
 struct Owned {
     endpoint: Endpoint,
     meta: Metadata,
-    ttl_ms: u64,
     /// When an overwrite of it by another node was last repaired (monotonic ms).
     overwrite_repaired_at: Option<u64>,
 }
@@ -605,7 +602,6 @@ impl Node {
             member_provider(node.me.id),
             endpoint,
             meta,
-            cfg.member_lease_ttl_ms,
             now,
         )?;
         let resumed = node.resume(resume, now);
@@ -667,8 +663,9 @@ impl Node {
             .collect()
     }
 
-    /// Registers (or updates) an instance this node owns and keeps alive: it renews the
-    /// provider's lease, and writes the registration again if a peer's sweep removes it.
+    /// Registers (or updates) an instance this node owns and keeps alive: it lives by this
+    /// node's lease (which the node renews, one renewal for all it owns), and is written
+    /// again if a peer's sweep removes it or another node writes over it.
     ///
     /// # Errors
     /// [`InvalidInput`] when the metadata or TTL break a limit; nothing changes.
@@ -678,17 +675,17 @@ impl Node {
         provider: ProviderId,
         endpoint: Endpoint,
         meta: Metadata,
-        ttl_ms: u64,
         now: impl Into<Now>,
     ) -> Result<(), InvalidInput> {
         let now = self.time.input(now.into());
         let stamp = self.clock.tick(now.wall_ms);
+        let ttl_ms = self.lease_ttl();
         let applied = self.replica.register(
             service.clone(),
             provider.clone(),
             endpoint.clone(),
             meta.clone(),
-            self.lease_ttl(ttl_ms),
+            ttl_ms,
             stamp,
         )?;
         self.owned.insert(
@@ -696,7 +693,6 @@ impl Node {
             Owned {
                 endpoint,
                 meta,
-                ttl_ms,
                 overwrite_repaired_at: None,
             },
         );
@@ -721,7 +717,7 @@ impl Node {
                 service: o.service.clone(),
                 provider: o.provider.clone(),
             });
-            match self.register(o.service, o.provider, o.endpoint, o.meta, o.ttl_ms, now) {
+            match self.register(o.service, o.provider, o.endpoint, o.meta, now) {
                 Ok(()) => done.rewritten += 1,
                 Err(_) => done.refused += 1,
             }
@@ -745,24 +741,10 @@ impl Node {
                 done.removed += 1;
             }
         }
-        // A lease of ours issued after now (by a clock that ran ahead, since fixed) whose
-        // provider we no longer hold: every peer would refuse our state for it until real
-        // time caught up with it. Those we hold were issued again above, at now.
-        let ahead = self
-            .replica
-            .state()
-            .leases_issued_after(me, Hlc::new(now.wall_ms, u16::MAX));
-        for p in ahead {
-            if self.owned.keys().any(|(_, op)| *op == p) {
-                continue;
-            }
-            if let Some(applied) = self.replica.deregister_provider(&p, now.wall_ms) {
-                self.local_delta(applied.delta, applied.changes, now);
-            }
-        }
+        // A lease of ours issued after now (by a clock that ran ahead, since fixed) was
+        // issued again at now when the membership was registered, before this.
         done.gap = self.replica.unclaimed_gap();
-        let providers = keys.iter().map(|k| k.provider.clone()).collect();
-        if let Some(applied) = self.replica.close_gap(keys, providers, now.wall_ms) {
+        if let Some(applied) = self.replica.close_gap(keys, now.wall_ms) {
             self.local_delta(applied.delta, applied.changes, now);
         }
         done
@@ -793,8 +775,9 @@ impl Node {
         }
     }
 
-    /// The lease to write for a registration of `ttl_ms`: longer under the crash guard.
-    fn lease_ttl(&self, ttl_ms: u64) -> u64 {
+    /// The TTL of this node's lease: the member lease, longer under the crash guard.
+    fn lease_ttl(&self) -> u64 {
+        let ttl_ms = self.cfg.member_lease_ttl_ms;
         if self.guarded {
             ttl_ms
                 .saturating_mul(GUARDED_LEASE_FACTOR)
@@ -835,18 +818,16 @@ impl Node {
         }
     }
 
-    /// Notes how long connected peers will hold this node's leases (called when its leases
-    /// change while connected, and when a connection opens: the push ships them).
+    /// Notes how long connected peers will hold this node's lease (called when it changes
+    /// while connected, and when a connection opens: the push ships it).
     pub(super) fn note_leases_shipped(&mut self) {
-        if self.conns.is_empty() {
+        if self.conns.is_empty() || self.owned.is_empty() {
             return;
         }
-        let providers: BTreeSet<&ProviderId> = self.owned.keys().map(|(_, p)| p).collect();
-        self.leases_shipped = providers
-            .into_iter()
-            .filter_map(|p| self.replica.lease_of(p))
-            .map(|l| (l.deadline_ms(), l.ttl_ms))
-            .min();
+        self.leases_shipped = self
+            .replica
+            .lease_of(self.me.id)
+            .map(|l| (l.deadline_ms(), l.ttl_ms));
     }
 
     /// Whether the buffered deltas after `acked` (but those learnt from `peer`) bring a peer
@@ -962,7 +943,8 @@ impl Node {
                 break;
             }
             let stamp = self.clock.tick(now.wall_ms);
-            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, o.ttl_ms, stamp) {
+            let ttl = self.lease_ttl();
+            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, ttl, stamp) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now);
                 for c in applied.changes {
@@ -1044,24 +1026,20 @@ impl Node {
         (d * 3 / 4 + self.rng.random_range(0..=d / 2)).max(1)
     }
 
+    /// Renews this node's lease: one small delta for everything it owns.
     fn renew(&mut self, now: Now) {
-        let providers: BTreeMap<ProviderId, u64> = self
-            .owned
-            .iter()
-            .map(|((_, p), o)| (p.clone(), o.ttl_ms))
-            .collect();
         let mut next = u64::MAX;
-        for (p, ttl) in providers {
+        if !self.owned.is_empty() {
             let stamp = self.clock.tick(now.wall_ms);
-            let ttl = self.lease_ttl(ttl);
-            if let Ok(applied) = self.replica.renew(p, ttl, stamp) {
+            let ttl = self.lease_ttl();
+            if let Ok(applied) = self.replica.renew(ttl, stamp) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now);
             }
-            next = next.min(ttl / 2);
+            next = ttl / 2;
         }
         self.note_leases_shipped();
-        // Three eighths to a half of the shortest TTL, drawn anew each time: nodes started
+        // Three eighths to a half of the TTL, drawn anew each time: nodes started
         // together (a fleet rollout, a healed partition) do not renew in lockstep. Half a
         // lease is left for the renewal to arrive: a push takes milliseconds, and a lost
         // one is sent again at the next gossip round. (Renewing every third of the lease
@@ -1256,16 +1234,13 @@ impl Node {
     pub fn shutdown(&mut self, now: impl Into<Now>) {
         let now = self.time.input(now.into());
         self.stopping = true;
-        let providers: BTreeSet<ProviderId> = self.owned.keys().map(|(_, p)| p.clone()).collect();
         self.owned.clear();
         let mut farewell = State::new_delta();
-        for p in providers {
-            if let Some(applied) = self.replica.deregister_provider(&p, now.wall_ms) {
-                farewell.join(applied.delta.clone());
-                self.buffer.push(None, applied.delta);
-                for c in applied.changes {
-                    self.outputs.push_back(Output::Event(c));
-                }
+        if let Some(applied) = self.replica.deregister_all(now.wall_ms) {
+            farewell.join(applied.delta.clone());
+            self.buffer.push(None, applied.delta);
+            for c in applied.changes {
+                self.outputs.push_back(Output::Event(c));
             }
         }
         // Every connected peer hears the removals now, not at its next gossip round.
