@@ -199,6 +199,12 @@ pub struct CountersView {
     pub forgeries_refuted: u64,
     /// Times another node wrote over an instance this node owns and it wrote it again.
     pub overwrites_repaired: u64,
+    /// Peers this node lost, found unreachable by the peers it asked, and wrote dead.
+    #[serde(default)]
+    pub deaths_written: u64,
+    /// Times this node found itself written dead and renewed its lease.
+    #[serde(default)]
+    pub deaths_refuted: u64,
 }
 
 /// This agent.

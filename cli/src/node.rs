@@ -1325,6 +1325,8 @@ impl Node {
                 states_refused: c.protocol.states_refused,
                 forgeries_refuted: c.protocol.forgeries_refuted,
                 overwrites_repaired: c.protocol.overwrites_repaired,
+                deaths_written: c.protocol.deaths_written,
+                deaths_refuted: c.protocol.deaths_refuted,
             },
         })
     }

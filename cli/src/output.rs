@@ -200,6 +200,10 @@ pub fn status(s: &StatusView) {
         "refused:         {} states from peers; {} forgeries refuted, {} overwrites repaired",
         c.states_refused, c.forgeries_refuted, c.overwrites_repaired
     ));
+    out.push(format!(
+        "deaths:          {} peers written dead; {} times written dead and refuted",
+        c.deaths_written, c.deaths_refuted
+    ));
     text_lines(&out);
 }
 

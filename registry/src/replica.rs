@@ -263,6 +263,26 @@ impl Replica {
         self.remove_nodes([self.id].into(), false, now_ms)
     }
 
+    /// Writes `node` dead: removes the dots of its lease among `seen` (those its lease held
+    /// when the caller began to suspect it), so its registrations disappear from every read
+    /// and a later sweep collects them. A renewal the node wrote meanwhile has a dot not in
+    /// `seen` and survives (add-wins), as does the node's own answer to this removal: a
+    /// live node written dead renews its lease and is back. `None` when none of `seen` is
+    /// still stored, or `node` is this replica.
+    pub fn write_dead(&mut self, node: ReplicaId, seen: &[Dot], now_ms: u64) -> Option<Applied> {
+        if node == self.id {
+            return None;
+        }
+        let stored = self.state.lease(node)?;
+        let dots: Vec<Dot> = seen.iter().filter(|d| stored.contains(d)).cloned().collect();
+        (!dots.is_empty()).then(|| self.apply_removal(dots, BTreeSet::new(), [node].into(), now_ms))
+    }
+
+    /// The dots of `node`'s lease (what [`Replica::write_dead`] is given later).
+    pub fn lease_dots(&self, node: ReplicaId) -> Vec<Dot> {
+        self.state.lease_dots(node)
+    }
+
     /// Collects every node whose lease ended more than `grace_ms` before `now_ms`, with
     /// every write of its registrations, and any registration written under a lease that
     /// was collected before it arrived.

@@ -27,6 +27,9 @@ mod registry_restart;
 /// The replication protocol in the deterministic simulator: many nodes, faults, then healing.
 mod transport_sim;
 
+/// Lost nodes written dead within seconds; quick restarts never shown gone; refutation.
+mod transport_liveness;
+
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
 

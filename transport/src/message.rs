@@ -65,6 +65,20 @@ pub enum Message {
         /// Why, for the receiver's log.
         reason: String,
     },
+    /// The sender lost its connection to `node` and suspects it dead: is the receiver
+    /// connected to it? Answered with [`Message::ProbeAck`].
+    ProbeReq {
+        /// The node in question.
+        node: roster_registry::ReplicaId,
+    },
+    /// The answer to a [`Message::ProbeReq`].
+    ProbeAck {
+        /// The node in question.
+        node: roster_registry::ReplicaId,
+        /// Whether the sender holds a live connection to it (the driver closes one on which
+        /// nothing arrives for a few seconds).
+        connected: bool,
+    },
 }
 
 /// A message with the sender's clock, so a receiver can refuse a peer whose clock runs
@@ -231,7 +245,8 @@ mod tests {
         assert_eq!(Envelope::decode(&bytes).unwrap(), env);
         bytes.push(0);
         assert_eq!(Envelope::decode(&bytes), Err(MessageError::TrailingBytes(1)));
-        for garbage in [&[][..], &[0xff; 40][..], &[7, 7, 7][..]] {
+        // (Seven, seven, seven is a valid probe now; a variant past the last is not.)
+        for garbage in [&[][..], &[0xff; 40][..], &[7, 40, 7][..]] {
             assert!(Envelope::decode(garbage).is_err());
         }
     }

@@ -420,6 +420,8 @@ impl Sim {
             crate::message::Message::NeedFull => "need-full",
             crate::message::Message::Redirect { .. } => "redirect",
             crate::message::Message::Goodbye { .. } => "goodbye",
+            crate::message::Message::ProbeReq { .. } => "probe-req",
+            crate::message::Message::ProbeAck { .. } => "probe-ack",
         };
         let k = self.by_kind.entry(kind).or_default();
         k.0 += 1;

@@ -29,6 +29,11 @@ impl Node {
         let mut candidates: Vec<(ReplicaId, String)> = self
             .members(now.wall_ms)
             .into_iter()
+            .chain(
+                self.lately_written_dead(now)
+                    .into_iter()
+                    .map(|(id, url)| (id, url, String::new())),
+            )
             .filter(|(id, _, _)| !connected.contains(id))
             // An old identity at our own address (a restart that lost its data) is us.
             .filter(|(_, url, _)| *url != self.me.url)
@@ -39,6 +44,8 @@ impl Node {
             })
             .map(|(id, url, _)| (id, url))
             .collect();
+        candidates.sort();
+        candidates.dedup_by_key(|(id, _)| *id);
         while room > 0 && !candidates.is_empty() {
             let i = self.rng.random_range(0..candidates.len());
             let (id, url) = candidates.swap_remove(i);
@@ -249,6 +256,7 @@ impl Node {
             return false;
         }
         self.counters.connections += 1;
+        self.heard_from(peer.id);
         let p = self.peers.entry(peer.id).or_default();
         // Remembered to name it in `members` after it leaves. Not as a URL to dial again:
         // that comes from its membership, and a seed's own backoff covers the rest.
@@ -267,11 +275,10 @@ impl Node {
     /// peer behind a dead link is likely still unreachable; dialed again at once, it would
     /// hold the slot for a handshake timeout while a reachable peer waits.
     pub fn handle_dead_link(&mut self, conn: ConnId, now: impl Into<Now>) {
-        let now: Now = now.into();
+        let now = self.time.input(now.into());
         let peer = self.conns.get(&conn).map(|c| c.peer);
-        self.handle_disconnected(conn, now);
+        self.disconnected(conn, true, now);
         if let Some(peer) = peer {
-            let now = self.time.input(now);
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
             let p = self.peers.entry(peer).or_default();
@@ -279,10 +286,17 @@ impl Node {
         }
     }
 
-    /// A connection closed (by the peer, the network, or us).
+    /// A connection closed (by the peer, the network, or us). Without a goodbye, its peer
+    /// is suspected until it shows it is alive (see `liveness`).
     pub fn handle_disconnected(&mut self, conn: ConnId, now: impl Into<Now>) {
         let now = self.time.input(now.into());
+        self.disconnected(conn, false, now);
+    }
+
+    /// `silent`: the link was closed for silence (a dead link), not by its peer.
+    fn disconnected(&mut self, conn: ConnId, silent: bool, now: Now) {
         let Some(c) = self.conns.remove(&conn) else { return };
+        self.suspect(c.peer, silent, now);
         if !self.conns.values().any(|o| o.peer == c.peer) {
             // What was sent on it may not have arrived.
             if let Some(p) = self.peers.get_mut(&c.peer) {

@@ -34,6 +34,7 @@ use crate::message::{self, Envelope, Message, MessageError};
 
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
+mod liveness;
 /// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
@@ -144,8 +145,17 @@ pub struct Config {
     pub rotate_interval_ms: u64,
     /// Deltas kept for retransmission.
     pub buffer_capacity: usize,
-    /// The lease of this node's own membership entry.
+    /// The shortest lease of this node (its membership and everything it owns live by it).
     pub member_lease_ttl_ms: u64,
+    /// The lease grows with the cluster, to this much per member (rounded up to a power of
+    /// two members, at most 24 h), so renewals, which reach every node, cost each node the
+    /// same at any size. 0: the lease is `member_lease_ttl_ms` whatever the size.
+    pub lease_per_member_ms: u64,
+    /// How long a peer whose connection closed without a goodbye may take to come back
+    /// (a restart) before it is probed and written dead.
+    pub suspect_after_ms: u64,
+    /// How long the peers asked about a suspect have to answer.
+    pub probe_timeout_ms: u64,
     /// Grace past a lease's end before a node collects it (at least the allowed skew).
     pub expire_grace_ms: u64,
     /// No collection of expired leases until this long after start: a node that was down
@@ -181,6 +191,9 @@ impl Default for Config {
             rotate_interval_ms: 300_000,
             buffer_capacity: 1_024,
             member_lease_ttl_ms: 60_000,
+            lease_per_member_ms: 6_000,
+            suspect_after_ms: 3_000,
+            probe_timeout_ms: 1_000,
             expire_grace_ms: 5_000,
             expire_holdoff_ms: 90_000,
             max_skew_ms: 5_000,
@@ -262,6 +275,10 @@ pub struct Counters {
     pub overwrites_repaired: u64,
     /// Digests not sent because one to the same peer was in flight.
     pub digests_coalesced: u64,
+    /// Peers this node wrote dead (see `liveness`).
+    pub deaths_written: u64,
+    /// Times this node found itself written dead and renewed its lease.
+    pub deaths_refuted: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -292,6 +309,10 @@ struct Peer {
     /// Its URL, kept after it stops being a live member, to try it again later (a
     /// partition that outlived its lease must still heal).
     url: Option<String>,
+    /// When we wrote it dead (monotonic ms): for `member_lease_ttl_ms` after, it is still
+    /// dialed like a member, under its backoff, so a live node behind a healed cut is
+    /// found again as fast as before deaths were written.
+    written_dead_at: Option<u64>,
     /// Its name, as last known.
     name: Option<String>,
     /// The URL it advertised when it connected (for people; dials use `url`).
@@ -424,6 +445,8 @@ pub struct Node {
     peers: BTreeMap<ReplicaId, Peer>,
     seeds: BTreeMap<String, (Backoff, bool)>,
     owned: BTreeMap<(ServiceName, ProviderId), Owned>,
+    /// Peers lost and not heard from since (see `liveness`).
+    suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
     push_at: Option<u64>,
     /// When the last push went out (`None`: never).
     pushed_at: Option<u64>,
@@ -552,6 +575,7 @@ impl Node {
                 .map(|u| (u, (Backoff::default(), false)))
                 .collect(),
             owned: BTreeMap::new(),
+            suspects: BTreeMap::new(),
             push_at: None,
             pushed_at: None,
             gossip_at,
@@ -775,9 +799,15 @@ impl Node {
         }
     }
 
-    /// The TTL of this node's lease: the member lease, longer under the crash guard.
+    /// The TTL of this node's lease: the member lease, or more in a large cluster (see
+    /// [`Config::lease_per_member_ms`]), and longer under the crash guard.
     fn lease_ttl(&self) -> u64 {
-        let ttl_ms = self.cfg.member_lease_ttl_ms;
+        let members = (self.peers.len() as u64 + 1).next_power_of_two();
+        let ttl_ms = self
+            .cfg
+            .member_lease_ttl_ms
+            .max(members.saturating_mul(self.cfg.lease_per_member_ms))
+            .min(roster_registry::MAX_LEASE_TTL_MS);
         if self.guarded {
             ttl_ms
                 .saturating_mul(GUARDED_LEASE_FACTOR)
@@ -981,6 +1011,9 @@ impl Node {
         if let Some(p) = self.push_at {
             t = t.min(p);
         }
+        if let Some(s) = self.next_suspicion_deadline() {
+            t = t.min(s);
+        }
         t
     }
 
@@ -996,6 +1029,7 @@ impl Node {
         if self.renew_at <= mono {
             self.renew(now);
         }
+        self.run_suspicions(now);
         if self.gossip_at <= mono {
             self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
             self.gossip(now);
@@ -1129,6 +1163,7 @@ impl Node {
     ) -> Result<(), ProtocolError> {
         self.clock
             .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
+        self.heard_from(peer);
         match envelope.message {
             Message::Digest { ctx, reply } => {
                 let theirs = message::decode_digest(&ctx)?;
@@ -1217,6 +1252,8 @@ impl Node {
                     b.fail(&policy, full, now.mono_ms, draw);
                 }
             }
+            Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
+            Message::ProbeAck { node, connected } => self.on_probe_ack(node, connected),
             Message::Goodbye { .. } => {
                 self.conns.remove(&conn);
                 self.outputs.push_back(Output::Close {

@@ -159,6 +159,8 @@ impl Node {
                 }
                 None => self.learnt_out_of_band(now),
             }
+            self.clear_suspects_that_wrote();
+            self.refute_death(now);
         }
         self.emit_changes(changes, now);
     }

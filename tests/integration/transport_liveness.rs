@@ -1,0 +1,157 @@
+//! Liveness without flooding, in the simulator: a node that dies is written dead within
+//! seconds (long before its lease would end), a quick restart is never shown gone, and a
+//! live node written dead comes back by itself.
+//!
+//! Each test prints its seed; `ROSTER_SIM_SEED=N` replays one. Times are the simulator's
+//! virtual time: deterministic for a seed, not measurements.
+
+use roster_registry::{Endpoint, ProviderId, ServiceName};
+use roster_transport::proto::Config;
+use roster_transport::sim::{Faults, Sim};
+
+use crate::support::sim_seed;
+
+/// A lease of two minutes and no growth with the cluster: only a death written by the
+/// detector can take a node's instances down within the tests' windows.
+fn config() -> Config {
+    Config {
+        member_lease_ttl_ms: 120_000,
+        lease_per_member_ms: 0,
+        expire_grace_ms: 2_000,
+        expire_holdoff_ms: 5_000,
+        ..Config::default()
+    }
+}
+
+fn web() -> ServiceName {
+    ServiceName::new("web").unwrap()
+}
+
+fn instance(i: usize) -> ProviderId {
+    ProviderId::new(&format!("web-{i}")).unwrap()
+}
+
+/// Every machine registers its instance of `web`.
+fn register_all(sim: &mut Sim) {
+    for i in 0..sim.len() {
+        let ep = Endpoint::new("10.0.0.1", 8000 + i as u16).unwrap();
+        sim.with_node(i, |n, now| {
+            n.register(web(), instance(i), ep, Default::default(), now)
+        })
+        .unwrap()
+        .unwrap();
+    }
+}
+
+/// The machines whose instances machine `i` shows.
+fn shown(sim: &Sim, i: usize) -> Vec<usize> {
+    let Some(node) = sim.node(i) else {
+        return Vec::new();
+    };
+    node.replica()
+        .instances(&web(), sim.now_ms())
+        .filter_map(|x| x.provider.as_str().strip_prefix("web-")?.parse().ok())
+        .collect()
+}
+
+/// A cluster of `n` that has settled: every machine shows every instance.
+fn settled(n: usize, seed: u64) -> Sim {
+    let mut sim = Sim::new(n, config(), Faults::NONE, seed);
+    sim.run_for(10_000);
+    register_all(&mut sim);
+    for _ in 0..30 {
+        if (0..n).all(|i| shown(&sim, i).len() == n) {
+            return sim;
+        }
+        sim.run_for(1_000);
+    }
+    panic!("the cluster did not settle (seed {seed})");
+}
+
+fn deaths(sim: &Sim) -> (u64, u64) {
+    sim.running().iter().fold((0, 0), |(w, r), &i| {
+        let c = sim.node(i).unwrap().counters();
+        (w + c.deaths_written, r + c.deaths_refuted)
+    })
+}
+
+#[test]
+fn a_crashed_node_is_written_dead_and_vanishes_everywhere_long_before_its_lease_ends() {
+    let seed = sim_seed("crashed_node_written_dead");
+    let mut sim = settled(10, seed);
+    sim.crash(3);
+    let crashed_at = sim.now_ms();
+    let mut gone_after = None;
+    while sim.now_ms() - crashed_at < 20_000 {
+        sim.run_for(100);
+        if sim.running().iter().all(|&i| !shown(&sim, i).contains(&3)) {
+            gone_after = Some(sim.now_ms() - crashed_at);
+            break;
+        }
+    }
+    let gone_after =
+        gone_after.unwrap_or_else(|| panic!("machine 3 still shown 20 s after its crash (seed {seed})"));
+    // The detector's two waits (a restart's grace, the probe), not the two-minute lease.
+    let c = config();
+    assert!(
+        gone_after <= c.suspect_after_ms + c.probe_timeout_ms + 1_000,
+        "gone after {gone_after} ms (seed {seed})"
+    );
+    assert!(deaths(&sim).0 >= 1, "no death was written (seed {seed})");
+    eprintln!("seed {seed}: machine 3 gone everywhere {gone_after} ms after its crash");
+    for i in sim.running() {
+        let members = sim.node(i).unwrap().members(sim.now_ms());
+        assert_eq!(members.len(), 8, "machine {i} lists {members:?} (seed {seed})");
+    }
+}
+
+#[test]
+fn a_node_restarted_within_a_second_is_never_shown_gone() {
+    let seed = sim_seed("quick_restart_never_gone");
+    let mut sim = settled(10, seed);
+    sim.crash(3);
+    for step in 0..300 {
+        sim.run_for(50);
+        if step == 16 {
+            sim.restart(3);
+        }
+        for i in sim.running() {
+            assert!(
+                shown(&sim, i).contains(&3),
+                "machine {i} stopped showing machine 3 {} ms after its crash (seed {seed})",
+                (step + 1) * 50
+            );
+        }
+    }
+    assert_eq!(deaths(&sim).0, 0, "a death was written (seed {seed})");
+}
+
+#[test]
+fn a_live_node_written_dead_behind_a_partition_comes_back_by_itself_after_the_heal() {
+    let seed = sim_seed("written_dead_comes_back");
+    let mut sim = settled(10, seed);
+    sim.partition(|i| u32::from(i == 3));
+    sim.run_for(10_000);
+    for i in sim.running().into_iter().filter(|&i| i != 3) {
+        assert!(
+            !shown(&sim, i).contains(&3),
+            "machine {i} still shows machine 3 behind the cut (seed {seed})"
+        );
+    }
+    assert!(deaths(&sim).0 >= 1, "no death was written (seed {seed})");
+    sim.heal();
+    let mut back = false;
+    for _ in 0..90 {
+        sim.run_for(1_000);
+        if (0..10).all(|i| shown(&sim, i).len() == 10) {
+            back = true;
+            break;
+        }
+    }
+    assert!(
+        back,
+        "not every instance came back within 90 s of the heal: {:?} (seed {seed})",
+        (0..10).map(|i| shown(&sim, i).len()).collect::<Vec<_>>()
+    );
+    assert!(deaths(&sim).1 >= 1, "nobody refuted its death (seed {seed})");
+}
