@@ -509,3 +509,30 @@ fn poll_timeout_covers_the_redial_of_lost_peers() {
         "the next deadline is the redial's"
     );
 }
+
+#[test]
+fn an_idle_cluster_compares_digest_hashes_not_digests() {
+    let seed = sim_seed("idle_digest_hashes");
+    // No rotation: a new connection opens with digests both ways, which is not the
+    // periodic exchange this counts.
+    let cfg = Config {
+        rotate_interval_ms: 0,
+        ..config()
+    };
+    let mut sim = Sim::new(20, cfg, Faults::NONE, seed);
+    let took = settle(&mut sim, 60, |sim| sim.converged());
+    assert!(took.is_some(), "did not converge (seed {seed})");
+    sim.run_for(10_000);
+    let count = |sim: &Sim, kind| sim.traffic_by_kind().get(kind).map_or(0, |k| k.0);
+    let (digests, hashes) = (count(&sim, "digest"), count(&sim, "digest-hash"));
+    // Four periodic exchanges per node: each a 16-byte hash, answered by nothing while the
+    // replicas agree (a renewal in flight may make one differ: then a digest).
+    sim.run_for(120_000);
+    let new_hashes = count(&sim, "digest-hash") - hashes;
+    let new_digests = count(&sim, "digest") - digests;
+    assert!(new_hashes >= 20 * 3, "{new_hashes} hashes sent (seed {seed})");
+    assert!(
+        new_digests * 10 <= new_hashes,
+        "{new_digests} digests for {new_hashes} hashes (seed {seed})"
+    );
+}

@@ -65,6 +65,14 @@ pub enum Message {
         /// Why, for the receiver's log.
         reason: String,
     },
+    /// A hash of the sender's causal context ([`context_hash`]): the periodic exchange. A
+    /// receiver whose own context hashes otherwise answers with its [`Message::Digest`];
+    /// one whose context is the same sends nothing. Sixteen bytes instead of a context of
+    /// one entry per node that ever wrote.
+    DigestHash {
+        /// The hash.
+        hash: [u8; 16],
+    },
     /// The sender lost its connection to `node` and suspects it dead: is the receiver
     /// connected to it? Answered with [`Message::ProbeAck`].
     ProbeReq {
@@ -163,6 +171,13 @@ impl Message {
         }
     }
 
+    /// A digest-hash message for `ctx`.
+    pub fn digest_hash(ctx: &CausalContext) -> Self {
+        Message::DigestHash {
+            hash: context_hash(ctx),
+        }
+    }
+
     /// A delta message.
     pub fn delta(seq: u64, delta: &State) -> Self {
         Message::Delta {
@@ -213,6 +228,18 @@ pub fn decode_delta(bytes: &[u8]) -> Result<State, MessageError> {
         });
     }
     Ok(state)
+}
+
+/// SHA-256 of a context's encoding, cut to 16 bytes: equal contexts encode alike (maps in
+/// key order, a compact cloud), so they hash alike, and two different ones collide with
+/// odds no cluster will meet (a collision would only delay a repair to the next exchange
+/// with another peer).
+pub fn context_hash(ctx: &CausalContext) -> [u8; 16] {
+    use sha2::Digest as _;
+    let full = sha2::Sha256::digest(codec::encode_context(ctx));
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
 }
 
 /// Decodes an elided-state payload, refusing one with more than [`MAX_STATE_ENTRIES`] entries.

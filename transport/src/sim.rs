@@ -421,6 +421,7 @@ impl Sim {
             crate::message::Message::Redirect { .. } => "redirect",
             crate::message::Message::Goodbye { .. } => "goodbye",
             crate::message::Message::ProbeReq { .. } => "probe-req",
+            crate::message::Message::DigestHash { .. } => "digest-hash",
             crate::message::Message::ProbeAck { .. } => "probe-ack",
         };
         let k = self.by_kind.entry(kind).or_default();

@@ -1041,7 +1041,8 @@ impl Node {
         if self.digest_at <= mono {
             self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
             if let Some(p) = self.random_connected(1, None).pop() {
-                self.send_digest(p, now);
+                let hash = Message::digest_hash(self.replica.context());
+                self.send_to_peer(p, hash, now);
             }
         }
         if self.reconnect_at <= mono {
@@ -1250,6 +1251,12 @@ impl Node {
                 let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
                 if let Some((b, _)) = seed.and_then(|u| self.seeds.get_mut(&u)) {
                     b.fail(&policy, full, now.mono_ms, draw);
+                }
+            }
+            // The periodic exchange: a digest only when the contexts differ.
+            Message::DigestHash { hash } => {
+                if hash != message::context_hash(self.replica.context()) {
+                    self.send_digest(peer, now);
                 }
             }
             Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
