@@ -366,7 +366,7 @@ fn an_idle_cluster_sends_only_digests_and_renewals() {
         let was = before.get(kind).map_or(0, |b| b.0);
         if *n > was {
             assert!(
-                matches!(*kind, "digest" | "delta-leases" | "ack"),
+                matches!(*kind, "digest-hash" | "digest" | "delta-leases" | "ack"),
                 "an idle cluster sent {} {kind} messages: {after:?}",
                 n - was
             );

@@ -87,11 +87,34 @@ fn main() {
         );
         sim.run_for(30_000);
 
-        // Idle: nothing changes but lease renewals (every member lease / 3) and digests.
+        // Idle: nothing changes but lease renewals, digest hashes and what they find.
         let before = total_sent(&sim);
-        let idle_s = 120;
+        sim.classify_deltas(std::env::var("SIM_KINDS").is_ok());
+        let kinds_before = sim.traffic_by_kind().clone();
+        // Long enough to hold every node's renewal (SIM_IDLE_S; the lease grows with N).
+        let idle_s: u64 = std::env::var("SIM_IDLE_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(120);
         sim.run_for(idle_s * 1_000);
         let idle = (total_sent(&sim) - before) as f64 / n as f64 / idle_s as f64;
+        if std::env::var("SIM_KINDS").is_ok() {
+            // What the idle bytes were: messages and bytes of each kind, per node per minute.
+            let per_min = |v: u64| v as f64 * 60.0 / idle_s as f64 / n as f64;
+            for (kind, (m, b)) in sim.traffic_by_kind() {
+                let (m0, b0) = kinds_before.get(kind).copied().unwrap_or_default();
+                eprintln!(
+                    "idle {kind}: {:.1} messages, {:.0} bytes per node per minute",
+                    per_min(m - m0),
+                    per_min(b - b0)
+                );
+            }
+            let (dead, refuted) = (0..n).filter_map(|i| sim.node(i)).fold((0, 0), |(d, r), node| {
+                let c = node.counters();
+                (d + c.deaths_written, r + c.deaths_refuted)
+            });
+            eprintln!("deaths written {dead}, refuted {refuted} (all nodes, whole run)");
+        }
         eprintln!(
             "{n} nodes: idle measured, {:.1} s of wall time",
             t0.elapsed().as_secs_f64()

@@ -703,7 +703,7 @@ impl Node {
     ) -> Result<(), InvalidInput> {
         let now = self.time.input(now.into());
         let stamp = self.clock.tick(now.wall_ms);
-        let ttl_ms = self.lease_ttl();
+        let ttl_ms = self.lease_ttl(now.wall_ms);
         let applied = self.replica.register(
             service.clone(),
             provider.clone(),
@@ -801,8 +801,9 @@ impl Node {
 
     /// The TTL of this node's lease: the member lease, or more in a large cluster (see
     /// [`Config::lease_per_member_ms`]), and longer under the crash guard.
-    fn lease_ttl(&self) -> u64 {
-        let members = (self.peers.len() as u64 + 1).next_power_of_two();
+    fn lease_ttl(&self, now_ms: u64) -> u64 {
+        // The live members this node sees, itself included.
+        let members = (self.members(now_ms).len() as u64 + 1).next_power_of_two();
         let ttl_ms = self
             .cfg
             .member_lease_ttl_ms
@@ -973,7 +974,7 @@ impl Node {
                 break;
             }
             let stamp = self.clock.tick(now.wall_ms);
-            let ttl = self.lease_ttl();
+            let ttl = self.lease_ttl(now.wall_ms);
             if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, ttl, stamp) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now);
@@ -1066,7 +1067,7 @@ impl Node {
         let mut next = u64::MAX;
         if !self.owned.is_empty() {
             let stamp = self.clock.tick(now.wall_ms);
-            let ttl = self.lease_ttl();
+            let ttl = self.lease_ttl(now.wall_ms);
             if let Ok(applied) = self.replica.renew(ttl, stamp) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now);
