@@ -61,12 +61,12 @@ pub struct Limits {
     /// dropped at once.
     pub max_unauthenticated_per_address: usize,
     /// A connection on which nothing arrived for this long gets a WebSocket ping (from the
-    /// side that dialed it; the side that accepted it waits twice as long), so a quiet link
-    /// proves it is alive.
+    /// side that dialed it; the side that accepted it waits until halfway to `dead_after`),
+    /// so a quiet link proves it is alive.
     pub ping_after: Duration,
     /// A connection on which nothing (no frame, no pong) arrived for this long is closed as
     /// dead, and its slot is redialed: a silent partition drops packets without closing
-    /// anything. More than twice `ping_after`.
+    /// anything. More than one and a half times `ping_after`, so a pong has time to come.
     pub dead_after: Duration,
 }
 
@@ -87,8 +87,11 @@ impl Default for Limits {
             client_accepts_per_second: 50,
             client_accept_burst: 100,
             max_unauthenticated_per_address: 8,
-            ping_after: Duration::from_secs(2),
-            dead_after: Duration::from_secs(6),
+            // Three packets cross an idle link per ping (ping, pong, the ping's side's
+            // acknowledgement): every 5 s, about 2.4 kB a minute per link. A silent node is
+            // found within `dead_after` plus a probe: under 10 s.
+            ping_after: Duration::from_secs(5),
+            dead_after: Duration::from_secs(8),
         }
     }
 }
@@ -123,10 +126,10 @@ impl Limits {
                     .to_string(),
             );
         }
-        if self.ping_after.is_zero() || self.dead_after <= self.ping_after.saturating_mul(2) {
+        if self.ping_after.is_zero() || self.dead_after <= self.ping_after.saturating_mul(3) / 2 {
             return Err(format!(
-                "dead_after ({:?}) must be more than twice ping_after ({:?}), which must not be \
-                 zero, or a quiet link would be closed before either side pinged it",
+                "dead_after ({:?}) must be more than one and a half times ping_after ({:?}), \
+                 which must not be zero, or a quiet link would be closed before its pong came",
                 self.dead_after, self.ping_after
             ));
         }

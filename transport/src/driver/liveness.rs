@@ -10,9 +10,9 @@
 //! redials the slot with the usual backoff.
 //!
 //! Idle traffic is a measured figure, so only quiet links are pinged, and only by one side:
-//! the side that dialed pings after `ping_after` of silence, the side that accepted after
-//! twice that. On an idle link the dialer's ping arrives first, and the acceptor, having
-//! heard it, has nothing to ask: one ping and one pong per `ping_after`. Any frame counts as
+//! the side that dialed pings after `ping_after` of silence, the side that accepted halfway
+//! between that and `dead_after`. On an idle link the dialer's ping arrives first, and the
+//! acceptor, having heard it, has nothing to ask: one ping and one pong per `ping_after`. Any frame counts as
 //! a sign of life, so a link that carries traffic sends no ping at all.
 
 use std::time::Duration;
@@ -47,7 +47,7 @@ impl Liveness {
         let ping_after = if outbound {
             limits.ping_after
         } else {
-            limits.ping_after.saturating_mul(2)
+            (limits.ping_after + limits.dead_after) / 2
         };
         Self {
             ping_after,
