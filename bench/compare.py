@@ -33,8 +33,10 @@ BRIDGE = "cmpbr"
 HOST_IP = "10.78.0.1"
 NS_PREFIX = "cmp-"
 STATE_FILE = "/tmp/bench-compare.state"
+MAX_NODES = 20
 SERVER_IPS = {f"s{i}": f"10.78.0.{2 + i}" for i in range(3)}
-NODE_IPS = {f"n{i}": f"10.78.0.{10 + i}" for i in range(10)}
+# n0 ... n19 at 10.78.0.10-29: above the bridge (.1) and etcd's servers (.2-4)
+NODE_IPS = {f"n{i}": f"10.78.0.{10 + i}" for i in range(MAX_NODES)}
 ALL_IPS = {**SERVER_IPS, **NODE_IPS}
 LEASE_S = 30  # roster's default lease; the etcd clients' lease TTL too
 
@@ -958,9 +960,11 @@ def figures(r):
     ia = r.get("idle_after")
     if ia:
         f["idle_after_kb"] = med_max([ia[n]["bytes_min"] / 1000 for n in n_nodes])
+        f["idle_after_pkts"] = med_max([ia[n]["pkts_min"] for n in n_nodes])
         f["idle_after_cpu"] = med_max([ia[n]["cpu_ms_min"] for n in n_nodes])
         if servers:
             f["srv_idle_after_kb"] = med_max([ia[s]["bytes_min"] / 1000 for s in servers])
+            f["srv_idle_after_pkts"] = med_max([ia[s]["pkts_min"] for s in servers])
     c = r.get("churn")
     if c:
         f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
@@ -995,6 +999,7 @@ ROWS = [
     ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
     ("churn: resident memory per node after (MiB)", "churn_rss", "", 1),
     ("idle after the churn, registrations kept: bytes sent per node (kB/min)", "idle_after_kb", "", 1),
+    ("idle after the churn, registrations kept: packets sent per node (/min)", "idle_after_pkts", "", 0),
     ("idle after the churn, registrations kept: CPU per node (ms/min)", "idle_after_cpu", "", 0),
     ("etcd servers, idle: bytes sent (kB/min)", "srv_idle_kb", "", 1),
     ("etcd servers, idle: packets sent (/min)", "srv_idle_pkts", "", 0),
@@ -1004,6 +1009,7 @@ ROWS = [
     ("etcd servers, churn: CPU (ms/min)", "srv_churn_cpu", "", 0),
     ("etcd servers, churn: resident memory (MiB)", "srv_churn_rss", "", 1),
     ("etcd servers, idle after the churn: bytes sent (kB/min)", "srv_idle_after_kb", "", 1),
+    ("etcd servers, idle after the churn: packets sent (/min)", "srv_idle_after_pkts", "", 0),
 ]
 
 
@@ -1140,7 +1146,7 @@ def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "driver-etcd":
         return driver_etcd(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", default="3,10", help="cluster sizes (default 3,10; at most 10)")
+    ap.add_argument("--nodes", default="3,10", help=f"cluster sizes (default 3,10; at most {MAX_NODES})")
     ap.add_argument("--systems", default="roster,serf,etcd")
     ap.add_argument("--trials", type=int, default=12, help="propagation trials (default 12)")
     ap.add_argument("--idle", type=float, default=20, help="idle window in seconds (default 20)")
@@ -1164,8 +1170,8 @@ def main():
         args.nodes = [int(x) for x in args.nodes.split(",")]
     except ValueError:
         die("--nodes takes sizes like 3,10")
-    if any(n < 2 or n > 10 for n in args.nodes):
-        die("--nodes: each size must be 2 to 10 (one namespace and address per node)")
+    if any(n < 2 or n > MAX_NODES for n in args.nodes):
+        die(f"--nodes: each size must be 2 to {MAX_NODES} (one namespace and address per node)")
     systems = {"roster": Roster, "serf": Serf, "etcd": Etcd}
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in chosen:
