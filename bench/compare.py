@@ -268,6 +268,7 @@ class System:
         self.args = args
         self.events = {node: [] for node in self.nodes}   # (t, key, value) per node
         self.member_events = {node: [] for node in self.nodes}  # (t, kind, who)
+        self.down_events = {node: [] for node in self.nodes}  # (t, key): a registration gone
         self.drivers = {}
         self.acks = {}  # (key, value) -> (sent, acked)
         self.errors = []
@@ -299,6 +300,23 @@ class System:
             if k == key and (v is None or v == value) and t >= since:
                 return t
         return None
+
+    def member_seen(self, observer, kind, who, since):
+        """When `observer` first showed member `who` alive or gone after `since`, or None."""
+        for (t, k, w) in list(self.member_events[observer]):
+            if k == kind and w == who and t >= since:
+                return t
+        return None
+
+    def gone_parts(self, observer, victim, key, since):
+        """When `observer` showed `victim` gone after `since`: its membership, and its
+        registration `key` (None where not shown yet)."""
+        down = [t for (t, k) in list(self.down_events[observer]) if k == key and t >= since]
+        return {"membership": self.member_seen(observer, "gone", victim, since),
+                "registration": min(down) if down else None}
+
+    def after_silence(self, node):
+        """What a node's client must do once its link is back (nothing, unless it lost its lease)."""
 
     def stop(self):
         Proc.stop_all()
@@ -342,7 +360,7 @@ class Roster(System):
         self.start_watches(node)
 
     def start_watches(self, node):
-        ev, mev = self.events[node], self.member_events[node]
+        ev, mev, down = self.events[node], self.member_events[node], self.down_events[node]
 
         def on_bench(t, line):
             try:
@@ -351,6 +369,8 @@ class Roster(System):
                 return
             if e.get("event") == "up":
                 ev.append((t, e["instance"], e.get("meta", {}).get("seq")))
+            elif e.get("event") == "down":
+                down.append((t, e["instance"]))
 
         def on_members(t, line):
             try:
@@ -475,6 +495,10 @@ class Serf(System):
         # the origin after the change was sent (exact for one change at a time)
         return super().seen(node, key, None, since)
 
+    def gone_parts(self, observer, victim, key, since):
+        # a Serf node's data (its tags) is part of its membership: nothing else to go
+        return {"membership": self.member_seen(observer, "gone", victim, since)}
+
     def node_pids(self, node):
         return [self.agents[node].pid]
 
@@ -558,7 +582,7 @@ class Etcd(System):
         self.keepalive[node] = Proc(f"{node}-keepalive", node,
                                     ["etcdctl", "--endpoints", self.endpoints, "lease", "keep-alive", lease],
                                     self.work)
-        ev, mev = self.events[node], self.member_events[node]
+        ev, mev, down = self.events[node], self.member_events[node], self.down_events[node]
         state = {"op": None, "key": None}
 
         def on_line(t, line):
@@ -571,6 +595,7 @@ class Etcd(System):
                 state["key"] = line
                 if state["op"] == "DELETE":
                     who = line.rsplit("/", 1)[-1]
+                    down.append((t, who))
                     if who.startswith("n"):
                         mev.append((t, "gone", who))
                     state["op"] = state["key"] = None
@@ -767,6 +792,62 @@ def measure_restart(system, net, node, window_s, delay_s):
             "syn_out": d["syn_out"], "syn_in": d["syn_in"], "shown_gone": len(gone), "back_ms": back_ms}
 
 
+def mark(system, victim, key):
+    """A registration of the victim's own (Serf: its tags), seen by every node, so that its
+    going can be timed too."""
+    system.change(victim, key, "1")
+    sent, _ = wait_ack(system, key, "1")
+    if wait_seen(system, key, "1", sent, 10) is None:
+        raise RuntimeError(f"{system.name}: {key} from {victim} not seen by every node within 10 s")
+
+
+def wait_gone(system, victim, key, since, timeout_s):
+    """Until every other node shows `victim` gone, every part of it (membership,
+    registration): per part, when the last node showed it (ms after `since`; None if some
+    node did not within the timeout); `gone_ms` is the latest part."""
+    others = [n for n in system.nodes if n != victim]
+    deadline = time.time() + timeout_s
+    while True:
+        parts = {o: system.gone_parts(o, victim, key, since) for o in others}
+        complete = [o for o in others if all(t is not None for t in parts[o].values())]
+        if len(complete) == len(others) or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    res = {"shown_gone": len(complete)}
+    for part in parts[others[0]]:
+        ts = [parts[o][part] for o in others]
+        res[f"{part}_ms"] = None if None in ts else (max(ts) - since) / 1e6
+    ms = [v for k, v in res.items() if k.endswith("_ms")]
+    res["gone_ms"] = None if None in ms else max(ms)
+    return res
+
+
+def wait_back(system, victim, since, timeout_s):
+    """Until every other node shows `victim` a member again: ms after `since`, or None."""
+    others = [n for n in system.nodes if n != victim]
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        ts = [system.member_seen(o, "alive", victim, since) for o in others]
+        if None not in ts:
+            return (max(ts) - since) / 1e6
+        time.sleep(0.05)
+    return None
+
+
+def measure_death(system, victim, key, timeout_s):
+    """SIGKILL a node and time until every other node shows it gone; then start it again
+    with its data, so that the later phases have every node."""
+    mark(system, victim, key)
+    t_kill = now_ns()
+    system.kill_node(victim)
+    res = wait_gone(system, victim, key, t_kill, timeout_s)
+    t_start = now_ns()
+    system.restart_node(victim)
+    system.after_restart(victim)
+    res["back_ms"] = wait_back(system, victim, t_start, timeout_s)
+    return res
+
+
 def measure_churn(system, net, preload, rate, seconds):
     names = list(system.all_pids())
     res = {"preload_s": None}
@@ -877,7 +958,16 @@ def run_system(cls, n, args, net):
             time.sleep(1)
         result["restart"] = restarts
         if isinstance(system, Serf):
-            result["snapshot_peers"] = system.snapshot_peers
+            result["snapshot_peers"] = list(system.snapshot_peers)
+        deaths = []
+        for r in range(args.death_trials):
+            node = system.nodes[1 + r % (n - 1)]  # never n0, the node every other joins
+            key = node if isinstance(system, Serf) else f"dead{r}"
+            log(f"{cls.name} {n}: SIGKILL {node} ({r + 1}/{args.death_trials}) until every other node "
+                f"shows it gone (at most {args.gone_timeout} s), then restart it")
+            deaths.append(measure_death(system, node, key, args.gone_timeout))
+            time.sleep(args.settle)
+        result["death"] = deaths
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
@@ -929,6 +1019,10 @@ def ratio(peer, ours):
     return f"{peer / ours:,.1f}x"
 
 
+def secs(ms):
+    return None if ms is None else ms / 1000
+
+
 def figures(r):
     """name -> (median, max) or a value, for one run."""
     f = {}
@@ -957,6 +1051,14 @@ def figures(r):
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
         f["restart_back_missing"] = sum(1 for x in rs if x["back_ms"] is None)
+    ds = r.get("death", [])
+    if ds:
+        f["death_gone"] = med_max([secs(x["gone_ms"]) for x in ds])
+        f["death_membership"] = med_max([secs(x["membership_ms"]) for x in ds])
+        f["death_registration"] = med_max([secs(x.get("registration_ms")) for x in ds])
+        f["death_missing"] = sum(1 for x in ds if x["gone_ms"] is None)
+        f["death_shown"] = min(x["shown_gone"] for x in ds)
+        f["death_back_missing"] = sum(1 for x in ds if x["back_ms"] is None)
     ia = r.get("idle_after")
     if ia:
         f["idle_after_kb"] = med_max([ia[n]["bytes_min"] / 1000 for n in n_nodes])
@@ -993,6 +1095,7 @@ ROWS = [
     ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
     ("restart: other nodes that showed it gone", "restart_gone", "", 0),
     ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
+    ("SIGKILL: gone from every other node (s)", "death_gone", "", 1),
     ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
@@ -1023,7 +1126,8 @@ def report(results, args, started, cmdline):
     p(f"Versions: {versions(args)}  ")
     p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
-      f"counted); churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
+      f"counted); {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every other node "
+      f"showed it gone (waiting at most {args.gone_timeout:g} s); churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
       f"Cells are median / max (over trials, nodes or changes); ratios compare medians (peer / roster).\n")
     by = {(r["system"], r["n"]): r for r in results}
     for n in args.nodes:
@@ -1053,10 +1157,15 @@ def report(results, args, started, cmdline):
             if "restart_gone" in f:
                 gone = f["restart_gone"]
                 miss = f["restart_back_missing"]
-                notes.append(f"{name}: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
+                notes.append(f"{name}: restart: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
                              + (f"; in {miss} restart(s) no event marked its return on some node "
                                 "(Serf logs none for a member it never marked failed)"
                                 if miss else ""))
+            if "death_gone" in f:
+                notes.extend(gone_notes(name, "SIGKILL", f, "death", n, args))
+                if f["death_back_missing"]:
+                    notes.append(f"{name}: SIGKILL: restarted, it was not shown back on every other node "
+                                 f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s)")
             if r.get("snapshot_peers") is not None:
                 notes.append(f"{name}: the snapshot file of a SIGKILLed agent named "
                              f"{', '.join(str(x) for x in r['snapshot_peers'])} of its {n - 1} peers "
@@ -1080,6 +1189,21 @@ def report(results, args, started, cmdline):
             for x in notes:
                 p(f"- {x}")
     return "\n".join(out) + "\n"
+
+
+def gone_notes(name, what, f, key, n, args):
+    """What a gone figure covers: a node that was not shown gone everywhere, and where the
+    registration went at another time than the membership."""
+    out = []
+    if f[f"{key}_missing"]:
+        out.append(f"{name}: {what}: in {f[f'{key}_missing']} trial(s) not shown gone everywhere within "
+                   f"{args.gone_timeout:g} s (at least {f[f'{key}_shown']} of {n - 1} other nodes did)")
+    mem, reg = f[f"{key}_membership"], f[f"{key}_registration"]
+    # (etcd's key and registration go with one lease: the same time, not worth a line)
+    if mem and reg and abs(mem[0] - reg[0]) >= 0.1:
+        out.append(f"{name}: {what}: its membership gone from every other node after {fmt_mm(mem)} s, "
+                   f"its registration after {fmt_mm(reg)} s")
+    return out
 
 
 def machine():
@@ -1153,6 +1277,11 @@ def main():
     ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
+    ap.add_argument("--death-trials", type=int, default=1,
+                    help="SIGKILLed nodes per cluster, each timed until every other node shows it gone, "
+                         "then restarted (default 1; 0: none)")
+    ap.add_argument("--gone-timeout", type=float, default=90,
+                    help="seconds to wait for a node to be shown gone everywhere, or back (default 90)")
     ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
     ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
     ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
