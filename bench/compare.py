@@ -171,6 +171,7 @@ class Net:
 
     def __init__(self, names):
         self.names = names
+        self.silenced = {}  # name -> how its link was silenced
 
     def clear(self):
         r = run("ip", "netns", "list", check=False)
@@ -221,6 +222,40 @@ class Net:
                 raise RuntimeError(
                     f"namespace {name} cannot reach {target} over the bridge {BRIDGE}; "
                     "is bridged traffic filtered (br_netfilter with a DROP forward policy)?")
+
+    def silence(self, name):
+        """Make a node's link drop everything, both ways, without a FIN or a RST: nftables
+        drop rules in its namespace (IP and ARP, before the SYN counters); where nft cannot,
+        the host side of its veth set down (the bridge then drops what is sent to it).
+        Returns how."""
+        rules = (
+            "table inet cmpsilent {\n"
+            " chain in { type filter hook input priority -10; policy accept;\n"
+            '  iifname "eth0" drop\n }\n'
+            " chain out { type filter hook output priority -10; policy accept;\n"
+            '  oifname "eth0" drop\n }\n'
+            "}\n"
+            "table arp cmpsilent {\n"
+            " chain in { type filter hook input priority -10; policy drop;\n }\n"
+            " chain out { type filter hook output priority -10; policy drop;\n }\n"
+            "}\n")
+        r = subprocess.run(["ip", "netns", "exec", NS_PREFIX + name, "nft", "-f", "-"], input=rules,
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            self.silenced[name] = "nft"
+            return "nft drop rules in its namespace"
+        log(f"nft drop rules in {name} failed ({r.stderr.strip()}); setting its veth down instead")
+        run("ip", "link", "set", f"cmpv-{name}", "down")
+        self.silenced[name] = "link"
+        return "its veth set down on the host"
+
+    def unsilence(self, name):
+        how = self.silenced.pop(name, None)
+        if how == "nft":
+            run("nft", "delete", "table", "inet", "cmpsilent", ns=name)
+            run("nft", "delete", "table", "arp", "cmpsilent", ns=name)
+        elif how == "link":
+            run("ip", "link", "set", f"cmpv-{name}", "up")
 
     def counters(self, name):
         """What the node sent and received: the host side's rx is the node's tx."""
@@ -630,6 +665,13 @@ class Etcd(System):
     def restart_node(self, node):
         self.start_client(node)
 
+    def after_silence(self, node):
+        # Its lease ended while it was cut off (its keep-alive gives up on an ended lease):
+        # like any etcd client, it must take a new lease and put its key again.
+        self.kill_node(node)
+        self.restart_node(node)
+        self.after_restart(node)
+
     def after_restart(self, node):
         self.start_driver(node)
 
@@ -848,6 +890,27 @@ def measure_death(system, victim, key, timeout_s):
     return res
 
 
+def measure_silent(system, net, victim, key, timeout_s):
+    """Silence a node's link (no FIN, no RST: its packets vanish) and time until every other
+    node shows it gone; then give the link back and time until every other node shows it a
+    member again."""
+    mark(system, victim, key)
+    how = net.silence(victim)
+    t_silent = now_ns()
+    try:
+        res = wait_gone(system, victim, key, t_silent, timeout_s)
+    finally:
+        net.unsilence(victim)
+    t_back = now_ns()
+    system.after_silence(victim)
+    res["back_ms"] = wait_back(system, victim, t_back, timeout_s)
+    # whether its registration came back too (Serf: its tags are its membership)
+    res["registration_back"] = sum(1 for o in system.nodes if o != victim
+                                   and system.seen(o, key, "1", t_back) is not None)
+    res["how"] = how
+    return res
+
+
 def measure_churn(system, net, preload, rate, seconds):
     names = list(system.all_pids())
     res = {"preload_s": None}
@@ -968,6 +1031,15 @@ def run_system(cls, n, args, net):
             deaths.append(measure_death(system, node, key, args.gone_timeout))
             time.sleep(args.settle)
         result["death"] = deaths
+        silents = []
+        for r in range(args.silent_trials):
+            node = system.nodes[-1 - r % (n - 1)]
+            key = node if isinstance(system, Serf) else f"mute{r}"
+            log(f"{cls.name} {n}: silence {node}'s link ({r + 1}/{args.silent_trials}) until every other "
+                f"node shows it gone (at most {args.gone_timeout} s), then give it back")
+            silents.append(measure_silent(system, net, node, key, args.gone_timeout))
+            time.sleep(args.settle)
+        result["silent"] = silents
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
@@ -1059,6 +1131,16 @@ def figures(r):
         f["death_missing"] = sum(1 for x in ds if x["gone_ms"] is None)
         f["death_shown"] = min(x["shown_gone"] for x in ds)
         f["death_back_missing"] = sum(1 for x in ds if x["back_ms"] is None)
+    ss = r.get("silent", [])
+    if ss:
+        f["silent_gone"] = med_max([secs(x["gone_ms"]) for x in ss])
+        f["silent_membership"] = med_max([secs(x["membership_ms"]) for x in ss])
+        f["silent_registration"] = med_max([secs(x.get("registration_ms")) for x in ss])
+        f["silent_missing"] = sum(1 for x in ss if x["gone_ms"] is None)
+        f["silent_shown"] = min(x["shown_gone"] for x in ss)
+        f["silent_back"] = med_max([secs(x["back_ms"]) for x in ss])
+        f["silent_back_missing"] = sum(1 for x in ss if x["back_ms"] is None)
+        f["silent_reg_back"] = min(x["registration_back"] for x in ss)
     ia = r.get("idle_after")
     if ia:
         f["idle_after_kb"] = med_max([ia[n]["bytes_min"] / 1000 for n in n_nodes])
@@ -1096,6 +1178,8 @@ ROWS = [
     ("restart: other nodes that showed it gone", "restart_gone", "", 0),
     ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
     ("SIGKILL: gone from every other node (s)", "death_gone", "", 1),
+    ("silent link: gone from every other node (s)", "silent_gone", "", 1),
+    ("silent link: back on every other node once the link returns (s)", "silent_back", "", 1),
     ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
@@ -1116,6 +1200,11 @@ ROWS = [
 ]
 
 
+def silence_how(results):
+    hows = sorted({x["how"] for r in results for x in r.get("silent", [])})
+    return "; ".join(hows) or "nft drop rules in its namespace"
+
+
 def report(results, args, started, cmdline):
     out = []
     p = out.append
@@ -1127,7 +1216,8 @@ def report(results, args, started, cmdline):
     p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
       f"counted); {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every other node "
-      f"showed it gone (waiting at most {args.gone_timeout:g} s); churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
+      f"showed it gone (waiting at most {args.gone_timeout:g} s); {args.silent_trials} silenced link(s) per "
+      f"cluster ({silence_how(results)}), given back once every other node showed it gone; churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
       f"Cells are median / max (over trials, nodes or changes); ratios compare medians (peer / roster).\n")
     by = {(r["system"], r["n"]): r for r in results}
     for n in args.nodes:
@@ -1166,6 +1256,16 @@ def report(results, args, started, cmdline):
                 if f["death_back_missing"]:
                     notes.append(f"{name}: SIGKILL: restarted, it was not shown back on every other node "
                                  f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s)")
+            if "silent_gone" in f:
+                notes.extend(gone_notes(name, "silent link", f, "silent", n, args))
+                if f["silent_back_missing"]:
+                    notes.append(f"{name}: silent link: not shown back on every other node within "
+                                 f"{args.gone_timeout:g} s of the link's return in {f['silent_back_missing']} "
+                                 "trial(s)")
+                if name == "roster":
+                    notes.append(f"{name}: silent link: its registration shown again on "
+                                 f"{f['silent_reg_back']} of {n - 1} other nodes by the time its "
+                                 "membership was")
             if r.get("snapshot_peers") is not None:
                 notes.append(f"{name}: the snapshot file of a SIGKILLed agent named "
                              f"{', '.join(str(x) for x in r['snapshot_peers'])} of its {n - 1} peers "
@@ -1280,6 +1380,9 @@ def main():
     ap.add_argument("--death-trials", type=int, default=1,
                     help="SIGKILLed nodes per cluster, each timed until every other node shows it gone, "
                          "then restarted (default 1; 0: none)")
+    ap.add_argument("--silent-trials", type=int, default=1,
+                    help="nodes per cluster whose link is silenced (packets dropped, no FIN or RST), each "
+                         "timed until every other node shows it gone, then given back (default 1; 0: none)")
     ap.add_argument("--gone-timeout", type=float, default=90,
                     help="seconds to wait for a node to be shown gone everywhere, or back (default 90)")
     ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
