@@ -666,8 +666,9 @@ class Etcd(System):
         self.start_client(node)
 
     def after_silence(self, node):
-        # Its lease ended while it was cut off (its keep-alive gives up on an ended lease):
-        # like any etcd client, it must take a new lease and put its key again.
+        # Its lease ended while it was cut off (the servers deleted its key, and its old
+        # keep-alive has nothing left to renew): like any etcd client, it must take a new
+        # lease and put its key again.
         self.kill_node(node)
         self.restart_node(node)
         self.after_restart(node)
