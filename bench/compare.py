@@ -1178,8 +1178,8 @@ ROWS = [
     ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
     ("restart: other nodes that showed it gone", "restart_gone", "", 0),
     ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
-    ("SIGKILL: gone from every other node (s)", "death_gone", "", 1),
-    ("silent link: gone from every other node (s)", "silent_gone", "", 1),
+    ("death (SIGKILL, stays down): gone from every other node (s)", "death_gone", "", 1),
+    ("silent link (packets dropped, no FIN or RST): gone from every other node (s)", "silent_gone", "", 1),
     ("silent link: back on every other node once the link returns (s)", "silent_back", "", 1),
     ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
@@ -1216,9 +1216,10 @@ def report(results, args, started, cmdline):
     p(f"Versions: {versions(args)}  ")
     p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
-      f"counted); {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every other node "
-      f"showed it gone (waiting at most {args.gone_timeout:g} s); {args.silent_trials} silenced link(s) per "
-      f"cluster ({silence_how(results)}), given back once every other node showed it gone; churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
+      f"counted); death: {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every "
+      f"other node showed it gone (waiting at most {args.gone_timeout:g} s); silent link: "
+      f"{args.silent_trials} per cluster ({silence_how(results)}), given back once every other node "
+      f"showed it gone; churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
       f"Cells are median / max (over trials, nodes or changes); ratios compare medians (peer / roster).\n")
     by = {(r["system"], r["n"]): r for r in results}
     for n in args.nodes:
@@ -1253,9 +1254,9 @@ def report(results, args, started, cmdline):
                                 "(Serf logs none for a member it never marked failed)"
                                 if miss else ""))
             if "death_gone" in f:
-                notes.extend(gone_notes(name, "SIGKILL", f, "death", n, args))
+                notes.extend(gone_notes(name, "death", f, "death", n, args))
                 if f["death_back_missing"]:
-                    notes.append(f"{name}: SIGKILL: restarted, it was not shown back on every other node "
+                    notes.append(f"{name}: death: restarted, it was not shown back on every other node "
                                  f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s)")
             if "silent_gone" in f:
                 notes.extend(gone_notes(name, "silent link", f, "silent", n, args))
