@@ -866,15 +866,17 @@ def wait_gone(system, victim, key, since, timeout_s):
 
 
 def wait_back(system, victim, since, timeout_s):
-    """Until every other node shows `victim` a member again: ms after `since`, or None."""
+    """Until every other node shows `victim` a member again: ms after `since` (None if some
+    node did not within the timeout), and on how many other nodes it was shown back."""
     others = [n for n in system.nodes if n != victim]
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
+    while True:
         ts = [system.member_seen(o, "alive", victim, since) for o in others]
         if None not in ts:
-            return (max(ts) - since) / 1e6
+            return (max(ts) - since) / 1e6, len(ts)
+        if time.time() > deadline:
+            return None, len(ts) - ts.count(None)
         time.sleep(0.05)
-    return None
 
 
 def measure_death(system, victim, key, timeout_s):
@@ -887,7 +889,7 @@ def measure_death(system, victim, key, timeout_s):
     t_start = now_ns()
     system.restart_node(victim)
     system.after_restart(victim)
-    res["back_ms"] = wait_back(system, victim, t_start, timeout_s)
+    res["back_ms"], res["shown_back"] = wait_back(system, victim, t_start, timeout_s)
     return res
 
 
@@ -904,7 +906,7 @@ def measure_silent(system, net, victim, key, timeout_s):
         net.unsilence(victim)
     t_back = now_ns()
     system.after_silence(victim)
-    res["back_ms"] = wait_back(system, victim, t_back, timeout_s)
+    res["back_ms"], res["shown_back"] = wait_back(system, victim, t_back, timeout_s)
     # whether its registration came back too (Serf: its tags are its membership)
     res["registration_back"] = sum(1 for o in system.nodes if o != victim
                                    and system.seen(o, key, "1", t_back) is not None)
@@ -1132,6 +1134,7 @@ def figures(r):
         f["death_missing"] = sum(1 for x in ds if x["gone_ms"] is None)
         f["death_shown"] = min(x["shown_gone"] for x in ds)
         f["death_back_missing"] = sum(1 for x in ds if x["back_ms"] is None)
+        f["death_shown_back"] = min(x["shown_back"] for x in ds)
     ss = r.get("silent", [])
     if ss:
         f["silent_gone"] = med_max([secs(x["gone_ms"]) for x in ss])
@@ -1141,6 +1144,7 @@ def figures(r):
         f["silent_shown"] = min(x["shown_gone"] for x in ss)
         f["silent_back"] = med_max([secs(x["back_ms"]) for x in ss])
         f["silent_back_missing"] = sum(1 for x in ss if x["back_ms"] is None)
+        f["silent_shown_back"] = min(x["shown_back"] for x in ss)
         f["silent_reg_back"] = min(x["registration_back"] for x in ss)
     ia = r.get("idle_after")
     if ia:
@@ -1257,13 +1261,14 @@ def report(results, args, started, cmdline):
                 notes.extend(gone_notes(name, "death", f, "death", n, args))
                 if f["death_back_missing"]:
                     notes.append(f"{name}: death: restarted, it was not shown back on every other node "
-                                 f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s)")
+                                 f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s) "
+                                 f"(at least {f['death_shown_back']} of {n - 1} did)")
             if "silent_gone" in f:
                 notes.extend(gone_notes(name, "silent link", f, "silent", n, args))
                 if f["silent_back_missing"]:
                     notes.append(f"{name}: silent link: not shown back on every other node within "
                                  f"{args.gone_timeout:g} s of the link's return in {f['silent_back_missing']} "
-                                 "trial(s)")
+                                 f"trial(s) (at least {f['silent_shown_back']} of {n - 1} did)")
                 if name == "roster":
                     notes.append(f"{name}: silent link: its registration shown again on "
                                  f"{f['silent_reg_back']} of {n - 1} other nodes by the time its "
