@@ -33,8 +33,10 @@ BRIDGE = "cmpbr"
 HOST_IP = "10.78.0.1"
 NS_PREFIX = "cmp-"
 STATE_FILE = "/tmp/bench-compare.state"
+MAX_NODES = 20
 SERVER_IPS = {f"s{i}": f"10.78.0.{2 + i}" for i in range(3)}
-NODE_IPS = {f"n{i}": f"10.78.0.{10 + i}" for i in range(10)}
+# n0 ... n19 at 10.78.0.10-29: above the bridge (.1) and etcd's servers (.2-4)
+NODE_IPS = {f"n{i}": f"10.78.0.{10 + i}" for i in range(MAX_NODES)}
 ALL_IPS = {**SERVER_IPS, **NODE_IPS}
 LEASE_S = 30  # roster's default lease; the etcd clients' lease TTL too
 
@@ -169,6 +171,7 @@ class Net:
 
     def __init__(self, names):
         self.names = names
+        self.silenced = {}  # name -> how its link was silenced
 
     def clear(self):
         r = run("ip", "netns", "list", check=False)
@@ -220,6 +223,42 @@ class Net:
                     f"namespace {name} cannot reach {target} over the bridge {BRIDGE}; "
                     "is bridged traffic filtered (br_netfilter with a DROP forward policy)?")
 
+    def silence(self, name):
+        """Make a node's link drop everything, both ways, without a FIN or a RST: nftables
+        drop rules in its namespace (IP and ARP, before the SYN counters); where nft cannot,
+        the host side of its veth set down (the bridge then drops what is sent to it).
+        Returns how."""
+        rules = (
+            "table inet cmpsilent {\n"
+            " chain in { type filter hook input priority -10; policy accept;\n"
+            '  iifname "eth0" drop\n }\n'
+            " chain out { type filter hook output priority -10; policy accept;\n"
+            '  oifname "eth0" drop\n }\n'
+            "}\n"
+            "table arp cmpsilent {\n"
+            " chain in { type filter hook input priority -10; policy drop;\n }\n"
+            " chain out { type filter hook output priority -10; policy drop;\n }\n"
+            "}\n")
+        r = subprocess.run(["ip", "netns", "exec", NS_PREFIX + name, "nft", "-f", "-"], input=rules,
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            self.silenced[name] = "nft"
+            return "nft drop rules in its namespace"
+        log(f"nft drop rules in {name} failed ({r.stderr.strip()}); setting its veth down instead")
+        run("ip", "link", "set", f"cmpv-{name}", "down")
+        self.silenced[name] = "link"
+        return "its veth set down on the host"
+
+    def unsilence(self, name):
+        how = self.silenced.pop(name, None)
+        if how == "nft":
+            # both tables in one transaction: the link returns at once, not IP before ARP
+            subprocess.run(["ip", "netns", "exec", NS_PREFIX + name, "nft", "-f", "-"],
+                           input="delete table inet cmpsilent\ndelete table arp cmpsilent\n",
+                           capture_output=True, text=True, check=True)
+        elif how == "link":
+            run("ip", "link", "set", f"cmpv-{name}", "up")
+
     def counters(self, name):
         """What the node sent and received: the host side's rx is the node's tx."""
         base = f"/sys/class/net/cmpv-{name}/statistics/"
@@ -266,6 +305,7 @@ class System:
         self.args = args
         self.events = {node: [] for node in self.nodes}   # (t, key, value) per node
         self.member_events = {node: [] for node in self.nodes}  # (t, kind, who)
+        self.down_events = {node: [] for node in self.nodes}  # (t, key): a registration gone
         self.drivers = {}
         self.acks = {}  # (key, value) -> (sent, acked)
         self.errors = []
@@ -297,6 +337,23 @@ class System:
             if k == key and (v is None or v == value) and t >= since:
                 return t
         return None
+
+    def member_seen(self, observer, kind, who, since):
+        """When `observer` first showed member `who` alive or gone after `since`, or None."""
+        for (t, k, w) in list(self.member_events[observer]):
+            if k == kind and w == who and t >= since:
+                return t
+        return None
+
+    def gone_parts(self, observer, victim, key, since):
+        """When `observer` showed `victim` gone after `since`: its membership, and its
+        registration `key` (None where not shown yet)."""
+        down = [t for (t, k) in list(self.down_events[observer]) if k == key and t >= since]
+        return {"membership": self.member_seen(observer, "gone", victim, since),
+                "registration": min(down) if down else None}
+
+    def after_silence(self, node):
+        """What a node's client must do once its link is back (nothing, unless it lost its lease)."""
 
     def stop(self):
         Proc.stop_all()
@@ -340,7 +397,7 @@ class Roster(System):
         self.start_watches(node)
 
     def start_watches(self, node):
-        ev, mev = self.events[node], self.member_events[node]
+        ev, mev, down = self.events[node], self.member_events[node], self.down_events[node]
 
         def on_bench(t, line):
             try:
@@ -349,6 +406,8 @@ class Roster(System):
                 return
             if e.get("event") == "up":
                 ev.append((t, e["instance"], e.get("meta", {}).get("seq")))
+            elif e.get("event") == "down":
+                down.append((t, e["instance"]))
 
         def on_members(t, line):
             try:
@@ -473,6 +532,10 @@ class Serf(System):
         # the origin after the change was sent (exact for one change at a time)
         return super().seen(node, key, None, since)
 
+    def gone_parts(self, observer, victim, key, since):
+        # a Serf node's data (its tags) is part of its membership: nothing else to go
+        return {"membership": self.member_seen(observer, "gone", victim, since)}
+
     def node_pids(self, node):
         return [self.agents[node].pid]
 
@@ -556,7 +619,7 @@ class Etcd(System):
         self.keepalive[node] = Proc(f"{node}-keepalive", node,
                                     ["etcdctl", "--endpoints", self.endpoints, "lease", "keep-alive", lease],
                                     self.work)
-        ev, mev = self.events[node], self.member_events[node]
+        ev, mev, down = self.events[node], self.member_events[node], self.down_events[node]
         state = {"op": None, "key": None}
 
         def on_line(t, line):
@@ -569,6 +632,7 @@ class Etcd(System):
                 state["key"] = line
                 if state["op"] == "DELETE":
                     who = line.rsplit("/", 1)[-1]
+                    down.append((t, who))
                     if who.startswith("n"):
                         mev.append((t, "gone", who))
                     state["op"] = state["key"] = None
@@ -602,6 +666,14 @@ class Etcd(System):
 
     def restart_node(self, node):
         self.start_client(node)
+
+    def after_silence(self, node):
+        # Its lease ended while it was cut off (the servers deleted its key, and its old
+        # keep-alive has nothing left to renew): like any etcd client, it must take a new
+        # lease and put its key again.
+        self.kill_node(node)
+        self.restart_node(node)
+        self.after_restart(node)
 
     def after_restart(self, node):
         self.start_driver(node)
@@ -765,6 +837,86 @@ def measure_restart(system, net, node, window_s, delay_s):
             "syn_out": d["syn_out"], "syn_in": d["syn_in"], "shown_gone": len(gone), "back_ms": back_ms}
 
 
+def mark(system, victim, key):
+    """A registration of the victim's own (Serf: its tags), seen by every node, so that its
+    going can be timed too."""
+    system.change(victim, key, "1")
+    sent, _ = wait_ack(system, key, "1")
+    if wait_seen(system, key, "1", sent, 10) is None:
+        raise RuntimeError(f"{system.name}: {key} from {victim} not seen by every node within 10 s")
+
+
+def wait_gone(system, victim, key, since, timeout_s):
+    """Until every other node shows `victim` gone, every part of it (membership,
+    registration): per part, when the last node showed it (ms after `since`; None if some
+    node did not within the timeout); `gone_ms` is the latest part."""
+    others = [n for n in system.nodes if n != victim]
+    deadline = time.time() + timeout_s
+    while True:
+        parts = {o: system.gone_parts(o, victim, key, since) for o in others}
+        complete = [o for o in others if all(t is not None for t in parts[o].values())]
+        if len(complete) == len(others) or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    res = {"shown_gone": len(complete)}
+    for part in parts[others[0]]:
+        ts = [parts[o][part] for o in others]
+        res[f"{part}_ms"] = None if None in ts else (max(ts) - since) / 1e6
+    ms = [v for k, v in res.items() if k.endswith("_ms")]
+    res["gone_ms"] = None if None in ms else max(ms)
+    return res
+
+
+def wait_back(system, victim, since, timeout_s):
+    """Until every other node shows `victim` a member again: ms after `since` (None if some
+    node did not within the timeout), and the other nodes that did not show it back."""
+    others = [n for n in system.nodes if n != victim]
+    deadline = time.time() + timeout_s
+    while True:
+        ts = [system.member_seen(o, "alive", victim, since) for o in others]
+        if None not in ts:
+            return (max(ts) - since) / 1e6, []
+        if time.time() > deadline:
+            return None, [o for o, t in zip(others, ts) if t is None]
+        time.sleep(0.05)
+
+
+def measure_death(system, victim, key, timeout_s):
+    """SIGKILL a node and time until every other node shows it gone; then start it again
+    with its data, so that the later phases have every node."""
+    mark(system, victim, key)
+    t_kill = now_ns()
+    system.kill_node(victim)
+    res = wait_gone(system, victim, key, t_kill, timeout_s)
+    t_start = now_ns()
+    system.restart_node(victim)
+    system.after_restart(victim)
+    res["back_ms"], res["not_back"] = wait_back(system, victim, t_start, timeout_s)
+    return res
+
+
+def measure_silent(system, net, victim, key, timeout_s):
+    """Silence a node's link (no FIN, no RST: its packets vanish) and time until every other
+    node shows it gone; then give the link back and time until every other node shows it a
+    member again."""
+    mark(system, victim, key)
+    how = net.silence(victim)
+    t_silent = now_ns()
+    try:
+        res = wait_gone(system, victim, key, t_silent, timeout_s)
+    finally:
+        # timed from before the rules go: a fast rejoin can be shown before nft returns
+        t_back = now_ns()
+        net.unsilence(victim)
+    system.after_silence(victim)
+    res["back_ms"], res["not_back"] = wait_back(system, victim, t_back, timeout_s)
+    # whether its registration came back too (Serf: its tags are its membership)
+    res["registration_back"] = sum(1 for o in system.nodes if o != victim
+                                   and system.seen(o, key, "1", t_back) is not None)
+    res["how"] = how
+    return res
+
+
 def measure_churn(system, net, preload, rate, seconds):
     names = list(system.all_pids())
     res = {"preload_s": None}
@@ -875,7 +1027,25 @@ def run_system(cls, n, args, net):
             time.sleep(1)
         result["restart"] = restarts
         if isinstance(system, Serf):
-            result["snapshot_peers"] = system.snapshot_peers
+            result["snapshot_peers"] = list(system.snapshot_peers)
+        deaths = []
+        for r in range(args.death_trials):
+            node = system.nodes[1 + r % (n - 1)]  # never n0, the node every other joins
+            key = node if isinstance(system, Serf) else f"dead{r}"
+            log(f"{cls.name} {n}: SIGKILL {node} ({r + 1}/{args.death_trials}) until every other node "
+                f"shows it gone (at most {args.gone_timeout} s), then restart it")
+            deaths.append(measure_death(system, node, key, args.gone_timeout))
+            time.sleep(args.settle)
+        result["death"] = deaths
+        silents = []
+        for r in range(args.silent_trials):
+            node = system.nodes[-1 - r % (n - 1)]
+            key = node if isinstance(system, Serf) else f"mute{r}"
+            log(f"{cls.name} {n}: silence {node}'s link ({r + 1}/{args.silent_trials}) until every other "
+                f"node shows it gone (at most {args.gone_timeout} s), then give it back")
+            silents.append(measure_silent(system, net, node, key, args.gone_timeout))
+            time.sleep(args.settle)
+        result["silent"] = silents
         if args.churn > 0:
             log(f"{cls.name} {n}: churn: {args.preload} registrations, then {args.rate}/s for {args.churn} s")
             result["churn"] = measure_churn(system, net, args.preload, args.rate, args.churn)
@@ -927,6 +1097,10 @@ def ratio(peer, ours):
     return f"{peer / ours:,.1f}x"
 
 
+def secs(ms):
+    return None if ms is None else ms / 1000
+
+
 def figures(r):
     """name -> (median, max) or a value, for one run."""
     f = {}
@@ -955,12 +1129,34 @@ def figures(r):
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
         f["restart_back_missing"] = sum(1 for x in rs if x["back_ms"] is None)
+    ds = r.get("death", [])
+    if ds:
+        f["death_gone"] = med_max([secs(x["gone_ms"]) for x in ds])
+        f["death_membership"] = med_max([secs(x["membership_ms"]) for x in ds])
+        f["death_registration"] = med_max([secs(x.get("registration_ms")) for x in ds])
+        f["death_missing"] = sum(1 for x in ds if x["gone_ms"] is None)
+        f["death_shown"] = min(x["shown_gone"] for x in ds)
+        f["death_back_missing"] = sum(1 for x in ds if x["back_ms"] is None)
+        f["death_shown_back"] = r["n"] - 1 - max(len(x["not_back"]) for x in ds)
+    ss = r.get("silent", [])
+    if ss:
+        f["silent_gone"] = med_max([secs(x["gone_ms"]) for x in ss])
+        f["silent_membership"] = med_max([secs(x["membership_ms"]) for x in ss])
+        f["silent_registration"] = med_max([secs(x.get("registration_ms")) for x in ss])
+        f["silent_missing"] = sum(1 for x in ss if x["gone_ms"] is None)
+        f["silent_shown"] = min(x["shown_gone"] for x in ss)
+        f["silent_back"] = med_max([secs(x["back_ms"]) for x in ss])
+        f["silent_back_missing"] = sum(1 for x in ss if x["back_ms"] is None)
+        f["silent_shown_back"] = r["n"] - 1 - max(len(x["not_back"]) for x in ss)
+        f["silent_reg_back"] = min(x["registration_back"] for x in ss)
     ia = r.get("idle_after")
     if ia:
         f["idle_after_kb"] = med_max([ia[n]["bytes_min"] / 1000 for n in n_nodes])
+        f["idle_after_pkts"] = med_max([ia[n]["pkts_min"] for n in n_nodes])
         f["idle_after_cpu"] = med_max([ia[n]["cpu_ms_min"] for n in n_nodes])
         if servers:
             f["srv_idle_after_kb"] = med_max([ia[s]["bytes_min"] / 1000 for s in servers])
+            f["srv_idle_after_pkts"] = med_max([ia[s]["pkts_min"] for s in servers])
     c = r.get("churn")
     if c:
         f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
@@ -989,12 +1185,16 @@ ROWS = [
     ("restart: connections opened to or by it in 30 s", "restart_conns", "", 0),
     ("restart: other nodes that showed it gone", "restart_gone", "", 0),
     ("restart: its return seen by every other node (ms)", "restart_back", "", 0),
+    ("death (SIGKILL, stays down): gone from every other node (s)", "death_gone", "", 1),
+    ("silent link (packets dropped, no FIN or RST): gone from every other node (s)", "silent_gone", "", 1),
+    ("silent link: back on every other node once the link returns (s)", "silent_back", "", 1),
     ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
     ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
     ("churn: resident memory per node after (MiB)", "churn_rss", "", 1),
     ("idle after the churn, registrations kept: bytes sent per node (kB/min)", "idle_after_kb", "", 1),
+    ("idle after the churn, registrations kept: packets sent per node (/min)", "idle_after_pkts", "", 0),
     ("idle after the churn, registrations kept: CPU per node (ms/min)", "idle_after_cpu", "", 0),
     ("etcd servers, idle: bytes sent (kB/min)", "srv_idle_kb", "", 1),
     ("etcd servers, idle: packets sent (/min)", "srv_idle_pkts", "", 0),
@@ -1004,7 +1204,13 @@ ROWS = [
     ("etcd servers, churn: CPU (ms/min)", "srv_churn_cpu", "", 0),
     ("etcd servers, churn: resident memory (MiB)", "srv_churn_rss", "", 1),
     ("etcd servers, idle after the churn: bytes sent (kB/min)", "srv_idle_after_kb", "", 1),
+    ("etcd servers, idle after the churn: packets sent (/min)", "srv_idle_after_pkts", "", 0),
 ]
+
+
+def silence_how(results):
+    hows = sorted({x["how"] for r in results for x in r.get("silent", [])})
+    return "; ".join(hows) or "nft drop rules in its namespace"
 
 
 def report(results, args, started, cmdline):
@@ -1017,7 +1223,10 @@ def report(results, args, started, cmdline):
     p(f"Versions: {versions(args)}  ")
     p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
-      f"counted); churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
+      f"counted); death: {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every "
+      f"other node showed it gone (waiting at most {args.gone_timeout:g} s); silent link: "
+      f"{args.silent_trials} per cluster ({silence_how(results)}), given back once every other node "
+      f"showed it gone; churn: {args.preload} registrations then {args.rate} changes/s for {args.churn} s. "
       f"Cells are median / max (over trials, nodes or changes); ratios compare medians (peer / roster).\n")
     by = {(r["system"], r["n"]): r for r in results}
     for n in args.nodes:
@@ -1047,10 +1256,26 @@ def report(results, args, started, cmdline):
             if "restart_gone" in f:
                 gone = f["restart_gone"]
                 miss = f["restart_back_missing"]
-                notes.append(f"{name}: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
+                notes.append(f"{name}: restart: after SIGKILL, shown gone on {gone} of {n - 1} other nodes"
                              + (f"; in {miss} restart(s) no event marked its return on some node "
                                 "(Serf logs none for a member it never marked failed)"
                                 if miss else ""))
+            if "death_gone" in f:
+                notes.extend(gone_notes(name, "death", f, "death", n, args))
+                if f["death_back_missing"]:
+                    notes.append(f"{name}: death: restarted, it was not shown back on every other node "
+                                 f"within {args.gone_timeout:g} s in {f['death_back_missing']} trial(s) "
+                                 f"(at least {f['death_shown_back']} of {n - 1} did)")
+            if "silent_gone" in f:
+                notes.extend(gone_notes(name, "silent link", f, "silent", n, args))
+                if f["silent_back_missing"]:
+                    notes.append(f"{name}: silent link: not shown back on every other node within "
+                                 f"{args.gone_timeout:g} s of the link's return in {f['silent_back_missing']} "
+                                 f"trial(s) (at least {f['silent_shown_back']} of {n - 1} did)")
+                if name == "roster":
+                    notes.append(f"{name}: silent link: its registration shown again on "
+                                 f"{f['silent_reg_back']} of {n - 1} other nodes by the time its "
+                                 "membership was")
             if r.get("snapshot_peers") is not None:
                 notes.append(f"{name}: the snapshot file of a SIGKILLed agent named "
                              f"{', '.join(str(x) for x in r['snapshot_peers'])} of its {n - 1} peers "
@@ -1074,6 +1299,21 @@ def report(results, args, started, cmdline):
             for x in notes:
                 p(f"- {x}")
     return "\n".join(out) + "\n"
+
+
+def gone_notes(name, what, f, key, n, args):
+    """What a gone figure covers: a node that was not shown gone everywhere, and where the
+    registration went at another time than the membership."""
+    out = []
+    if f[f"{key}_missing"]:
+        out.append(f"{name}: {what}: in {f[f'{key}_missing']} trial(s) not shown gone everywhere within "
+                   f"{args.gone_timeout:g} s (at least {f[f'{key}_shown']} of {n - 1} other nodes did)")
+    mem, reg = f[f"{key}_membership"], f[f"{key}_registration"]
+    # (etcd's key and registration go with one lease: the same time, not worth a line)
+    if mem and reg and abs(mem[0] - reg[0]) >= 0.1:
+        out.append(f"{name}: {what}: its membership gone from every other node after {fmt_mm(mem)} s, "
+                   f"its registration after {fmt_mm(reg)} s")
+    return out
 
 
 def machine():
@@ -1140,13 +1380,21 @@ def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "driver-etcd":
         return driver_etcd(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", default="3,10", help="cluster sizes (default 3,10; at most 10)")
+    ap.add_argument("--nodes", default="3,10", help=f"cluster sizes (default 3,10; at most {MAX_NODES})")
     ap.add_argument("--systems", default="roster,serf,etcd")
     ap.add_argument("--trials", type=int, default=12, help="propagation trials (default 12)")
     ap.add_argument("--idle", type=float, default=20, help="idle window in seconds (default 20)")
     ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
+    ap.add_argument("--death-trials", type=int, default=1,
+                    help="SIGKILLed nodes per cluster, each timed until every other node shows it gone, "
+                         "then restarted (default 1; 0: none)")
+    ap.add_argument("--silent-trials", type=int, default=1,
+                    help="nodes per cluster whose link is silenced (packets dropped, no FIN or RST), each "
+                         "timed until every other node shows it gone, then given back (default 1; 0: none)")
+    ap.add_argument("--gone-timeout", type=float, default=90,
+                    help="seconds to wait for a node to be shown gone everywhere, or back (default 90)")
     ap.add_argument("--preload", type=int, default=1000, help="registrations before the churn")
     ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
     ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
@@ -1164,8 +1412,8 @@ def main():
         args.nodes = [int(x) for x in args.nodes.split(",")]
     except ValueError:
         die("--nodes takes sizes like 3,10")
-    if any(n < 2 or n > 10 for n in args.nodes):
-        die("--nodes: each size must be 2 to 10 (one namespace and address per node)")
+    if any(n < 2 or n > MAX_NODES for n in args.nodes):
+        die(f"--nodes: each size must be 2 to {MAX_NODES} (one namespace and address per node)")
     systems = {"roster": Roster, "serf": Serf, "etcd": Etcd}
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in chosen:
