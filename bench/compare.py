@@ -1016,7 +1016,7 @@ def run_system(cls, n, args, net):
         time.sleep(args.settle)
         log(f"{cls.name} {n}: propagation, {args.trials} changes")
         result["prop_ms"] = measure_propagation(system, args.trials)
-        time.sleep(args.settle)
+        time.sleep(max(args.settle, args.warmup - (time.time() - t)))
         log(f"{cls.name} {n}: idle for {args.idle} s")
         result["idle"] = measure_idle(system, net, args.idle)
         restarts = []
@@ -1221,7 +1221,8 @@ def report(results, args, started, cmdline):
     p(f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
       f"{(time.time() - started) / 60:.1f} minutes; machine: {machine()}  ")
     p(f"Versions: {versions(args)}  ")
-    p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute); "
+    p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute, "
+      f"opening at least {args.warmup:g} s after the start); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
       f"counted); death: {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every "
       f"other node showed it gone (waiting at most {args.gone_timeout:g} s); silent link: "
@@ -1384,6 +1385,10 @@ def main():
     ap.add_argument("--systems", default="roster,serf,etcd")
     ap.add_argument("--trials", type=int, default=12, help="propagation trials (default 12)")
     ap.add_argument("--idle", type=float, default=20, help="idle window in seconds (default 20)")
+    ap.add_argument("--warmup", type=float, default=0,
+                    help="seconds from the cluster's start before the idle window opens (default 0: "
+                         "right after the propagation trials; a node's first lease renewals come "
+                         "in its first minute)")
     ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
