@@ -191,7 +191,7 @@ impl Default for Config {
             rotate_interval_ms: 300_000,
             buffer_capacity: 1_024,
             member_lease_ttl_ms: 60_000,
-            lease_per_member_ms: 6_000,
+            lease_per_member_ms: 24_000,
             suspect_after_ms: 3_000,
             probe_timeout_ms: 1_000,
             expire_grace_ms: 5_000,
