@@ -34,6 +34,17 @@ pub enum ClientError {
         /// Why.
         why: String,
     },
+    /// The agent turned the connection away for now (too many new client connections from
+    /// this address), and kept doing so until the connect timeout.
+    #[error(
+        "the roster agent at {url} is busy: it turns away new client connections from this address for now; retry in {retry_after_s} s, or reuse one connection for many requests"
+    )]
+    Busy {
+        /// The agent URL.
+        url: String,
+        /// The agent's hint, in seconds.
+        retry_after_s: u64,
+    },
     /// The agent refused our proof, or could not prove its own.
     #[error("cannot authenticate to the roster agent at {url}: {why}")]
     Unauthorized {
@@ -80,12 +91,27 @@ impl Client {
         secret: Option<&Secret>,
         tls: Option<&ClientTls>,
     ) -> Result<Self, ClientError> {
-        match tokio::time::timeout(CONNECT_TIMEOUT, Self::open(url, secret, tls)).await {
-            Ok(r) => r,
-            Err(_) => Err(ClientError::Unreachable {
-                url: url.to_string(),
-                why: format!("no answer within {CONNECT_TIMEOUT:?}"),
-            }),
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let attempt = tokio::time::timeout_at(deadline, Self::open(url, secret, tls)).await;
+            match attempt {
+                // Turned away for now: wait as the agent asks (jittered, so clients turned
+                // away together do not come back together), while the timeout allows.
+                Ok(Err(ClientError::Busy { retry_after_s, .. }))
+                    if tokio::time::Instant::now() + Duration::from_secs(retry_after_s) < deadline =>
+                {
+                    let wait_ms = retry_after_s.max(1) * 1_000;
+                    let jitter = getrandom::u64().unwrap_or_default() % (wait_ms / 2 + 1);
+                    tokio::time::sleep(Duration::from_millis(wait_ms / 2 + jitter)).await;
+                }
+                Ok(r) => return r,
+                Err(_) => {
+                    return Err(ClientError::Unreachable {
+                        url: url.to_string(),
+                        why: format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    })
+                }
+            }
         }
     }
 
@@ -130,7 +156,21 @@ impl Client {
             .max_frame_size(Some(MAX_ANSWER_BYTES));
         let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| match e {
+                tokio_tungstenite::tungstenite::Error::Http(r) if r.status().as_u16() == 503 => {
+                    ClientError::Busy {
+                        url: url.to_string(),
+                        retry_after_s: r
+                            .headers()
+                            .get("Retry-After")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(1)
+                            .min(3_600),
+                    }
+                }
+                other => unreachable(other.to_string()),
+            })?;
         let mut client = Self {
             url: url.to_string(),
             ws,
@@ -280,5 +320,48 @@ impl Client {
     /// [`ClientError`].
     pub async fn start(&mut self, req: Request) -> Result<(), ClientError> {
         self.send(&ClientMessage::Request(req)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A listener that turns every WebSocket upgrade away with `503` and `Retry-After: 1`,
+    /// counting the connections.
+    async fn always_busy() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_turns_clients_away_is_retried_as_it_asks_then_named_busy() {
+        let (url, seen) = always_busy().await;
+        let err = Client::connect(&url, None).await.unwrap_err();
+        assert!(
+            matches!(err, ClientError::Busy { retry_after_s: 1, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("is busy"), "{err}");
+        assert!(!err.to_string().contains("start one"), "{err}");
+        // Retried while the connect timeout allowed, each after about the hinted second.
+        let tries = seen.load(Ordering::SeqCst);
+        assert!((2..=10).contains(&tries), "{tries} connections");
     }
 }

@@ -55,7 +55,7 @@ async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
 
 fn from_client(e: ClientError) -> Fail {
     match e {
-        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } => {
+        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } | ClientError::Busy { .. } => {
             Fail::unreachable(e.to_string())
         }
         ClientError::Protocol { .. } => Fail::failed(e.to_string()),
