@@ -1101,6 +1101,20 @@ def secs(ms):
     return None if ms is None else ms / 1000
 
 
+def gone_figures(phase, xs, n):
+    """The figures of a death or silent-link phase: when the node was gone everywhere (in
+    all, its membership, its registration), on how many nodes, and whether it came back."""
+    return {
+        f"{phase}_gone": med_max([secs(x["gone_ms"]) for x in xs]),
+        f"{phase}_membership": med_max([secs(x["membership_ms"]) for x in xs]),
+        f"{phase}_registration": med_max([secs(x.get("registration_ms")) for x in xs]),
+        f"{phase}_missing": sum(1 for x in xs if x["gone_ms"] is None),
+        f"{phase}_shown": min(x["shown_gone"] for x in xs),
+        f"{phase}_back_missing": sum(1 for x in xs if x["back_ms"] is None),
+        f"{phase}_shown_back": n - 1 - max(len(x["not_back"]) for x in xs),
+    }
+
+
 def figures(r):
     """name -> (median, max) or a value, for one run."""
     f = {}
@@ -1129,25 +1143,13 @@ def figures(r):
         f["restart_gone"] = max(x["shown_gone"] for x in rs)
         f["restart_back"] = med_max([x["back_ms"] for x in rs])
         f["restart_back_missing"] = sum(1 for x in rs if x["back_ms"] is None)
-    ds = r.get("death", [])
-    if ds:
-        f["death_gone"] = med_max([secs(x["gone_ms"]) for x in ds])
-        f["death_membership"] = med_max([secs(x["membership_ms"]) for x in ds])
-        f["death_registration"] = med_max([secs(x.get("registration_ms")) for x in ds])
-        f["death_missing"] = sum(1 for x in ds if x["gone_ms"] is None)
-        f["death_shown"] = min(x["shown_gone"] for x in ds)
-        f["death_back_missing"] = sum(1 for x in ds if x["back_ms"] is None)
-        f["death_shown_back"] = r["n"] - 1 - max(len(x["not_back"]) for x in ds)
+    for phase in ("death", "silent"):
+        xs = r.get(phase, [])
+        if xs:
+            f.update(gone_figures(phase, xs, r["n"]))
     ss = r.get("silent", [])
     if ss:
-        f["silent_gone"] = med_max([secs(x["gone_ms"]) for x in ss])
-        f["silent_membership"] = med_max([secs(x["membership_ms"]) for x in ss])
-        f["silent_registration"] = med_max([secs(x.get("registration_ms")) for x in ss])
-        f["silent_missing"] = sum(1 for x in ss if x["gone_ms"] is None)
-        f["silent_shown"] = min(x["shown_gone"] for x in ss)
         f["silent_back"] = med_max([secs(x["back_ms"]) for x in ss])
-        f["silent_back_missing"] = sum(1 for x in ss if x["back_ms"] is None)
-        f["silent_shown_back"] = r["n"] - 1 - max(len(x["not_back"]) for x in ss)
         f["silent_reg_back"] = min(x["registration_back"] for x in ss)
     ia = r.get("idle_after")
     if ia:
