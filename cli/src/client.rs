@@ -343,7 +343,9 @@ mod tests {
                 let mut buf = [0u8; 2048];
                 let _ = s.read(&mut buf).await;
                 let _ = s
-                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+                    .write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n",
+                    )
                     .await;
             }
         });
@@ -354,10 +356,7 @@ mod tests {
     async fn an_agent_that_turns_clients_away_is_retried_as_it_asks_then_named_busy() {
         let (url, seen) = always_busy().await;
         let err = Client::connect(&url, None).await.unwrap_err();
-        assert!(
-            matches!(err, ClientError::Busy { retry_after_s: 1, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, ClientError::Busy { retry_after_s: 1, .. }), "{err}");
         assert!(err.to_string().contains("is busy"), "{err}");
         assert!(!err.to_string().contains("start one"), "{err}");
         // Retried while the connect timeout allowed, each after about the hinted second.

@@ -841,8 +841,13 @@ async fn accept_over(
                              ({n} more refusals from it in the last minute not logged)"
                         );
                     }
-                    // Come back in 1 to 5 s, spread.
-                    Some(1 + getrandom::u64().unwrap_or(0) % 5)
+                    // A peer: come back in 1 to 5 s, spread. A client (a CLI command, a
+                    // script): in 1 s, which it spreads itself; its bucket refills in
+                    // milliseconds, and a client waits within a 5 s connect timeout.
+                    Some(match client {
+                        true => 1,
+                        false => 1 + getrandom::u64().unwrap_or(0) % 5,
+                    })
                 };
                 check_subprotocol(req, resp, flag, &mut admit)
             },
