@@ -828,7 +828,8 @@ fn a_replica_that_missed_a_removal_has_a_smaller_context() {
     b.apply(removal.delta, 2_000);
     assert_eq!(a.context(), b.context());
     assert_eq!(b.instances(&s, 2_000).count(), 0);
-    // The same for a sweep of an expired lease, by a replica that never wrote.
+    // The same for a sweep of an expired lease, by a replica that never wrote. (A's first
+    // lease, 60 s from 1 s, has ended: this registration writes a lease of 1 s.)
     let mut c = Replica::new(ReplicaId(3));
     let w = a
         .register(
@@ -837,14 +838,14 @@ fn a_replica_that_missed_a_removal_has_a_smaller_context() {
             crate::support::endpoint(81),
             Metadata::default(),
             1_000,
-            Hlc::new(3_000, 0),
+            Hlc::new(61_000, 0),
         )
         .unwrap();
-    c.apply(w.delta.clone(), 3_000);
-    b.apply(w.delta, 3_000);
-    let sweep = c.expire(10_000, 0).unwrap();
+    c.apply(w.delta.clone(), 61_000);
+    b.apply(w.delta, 61_000);
+    let sweep = c.expire(70_000, 0).unwrap();
     assert!(!b.context().includes(c.context()));
-    b.apply(sweep.delta, 10_000);
+    b.apply(sweep.delta, 70_000);
     assert!(b.context().includes(c.context()));
 }
 
