@@ -46,6 +46,13 @@ impl Node {
             .collect();
         candidates.sort();
         candidates.dedup_by_key(|(id, _)| *id);
+        // Peers whose last attempts failed (a link that just died in a silent partition, a
+        // dial that timed out) come last: after a cut, a slot goes first to a peer on this
+        // side, not to one that will hold it for a handshake timeout.
+        let failures = |id: &ReplicaId| self.peers.get(id).map_or(0, |p| p.backoff.failures);
+        if let Some(fewest) = candidates.iter().map(|(id, _)| failures(id)).min() {
+            candidates.retain(|(id, _)| failures(id) == fewest);
+        }
         while room > 0 && !candidates.is_empty() {
             let i = self.rng.random_range(0..candidates.len());
             let (id, url) = candidates.swap_remove(i);
