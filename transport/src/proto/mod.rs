@@ -802,8 +802,10 @@ impl Node {
     /// The TTL of this node's lease: the member lease, or more in a large cluster (see
     /// [`Config::lease_per_member_ms`]), and longer under the crash guard.
     fn lease_ttl(&self, now_ms: u64) -> u64 {
-        // The live members this node sees, itself included.
-        let members = (self.members(now_ms).len() as u64 + 1).next_power_of_two();
+        // The live members this node sees (itself among them), counted without copying
+        // their URLs and names: this runs on every registration.
+        let seen = self.replica.instances(&members_service(), now_ms).count() as u64;
+        let members = seen.max(1).next_power_of_two();
         let ttl_ms = self
             .cfg
             .member_lease_ttl_ms
