@@ -45,7 +45,6 @@ mod admit;
 mod chunk;
 mod conn;
 mod limits;
-mod liveness;
 mod node;
 mod quiet_log;
 mod tls;

@@ -8,6 +8,7 @@
 //! - [`sim`]: a deterministic simulator that drives many nodes through faults in one thread.
 //! - [`handshake`]: how two nodes authenticate each other (a challenge-response over the
 //!   cluster secret) before any protocol message.
+//! - [`keepalive`]: when a quiet link is pinged, and when a silent one is dead.
 //! - [`driver`]: the tokio driver: WebSockets (tokio-tungstenite), the listener, dials,
 //!   limits, and graceful shutdown.
 //!
@@ -19,6 +20,7 @@ pub mod backoff;
 pub mod buffer;
 pub mod driver;
 pub mod handshake;
+pub mod keepalive;
 pub mod message;
 pub mod proto;
 pub mod sim;

@@ -36,11 +36,11 @@ use tracing::{debug, info, warn};
 use super::admit::{LogGate, PendingGuard, Unauthenticated};
 use super::chunk::{self, ChunkError, Reassembler, Step};
 use super::limits::{bump, Counts, Limits, TokenBucket};
-use super::liveness::{Check, Liveness};
 use super::now_ms;
 use super::tls::{self, Tls};
 use crate::backoff::Failure;
 use crate::handshake::{self, HandshakeConfig, HandshakeError, HandshakeMessage, RefusalKind, NONCE_LEN};
+use crate::keepalive::{Check, Liveness};
 use crate::message::Envelope;
 use crate::proto::{ConnId, DialTarget, NodeInfo};
 use tokio_rustls::rustls::pki_types::CertificateDer;
@@ -1192,7 +1192,7 @@ where
 }
 
 /// Pings the peer when the connection has been quiet, and returns how long it was silent
-/// when it is dead (see [`super::liveness`]).
+/// when it is dead (see [`crate::keepalive`]).
 async fn keepalive(live: &std::sync::Mutex<Liveness>, ping: &PingSignal) -> Duration {
     loop {
         let check = match live.lock() {

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::limits::Limits;
+use crate::driver::Limits;
 
 /// What a connection's liveness asks for at a given moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Check {
+pub enum Check {
     /// Nothing to do before this time.
     Wait(Instant),
     /// Send a ping now; look again at this time.
@@ -34,7 +34,7 @@ pub(super) enum Check {
 
 /// When a connection last heard from its peer, and when it last pinged it.
 #[derive(Debug, Clone)]
-pub(super) struct Liveness {
+pub struct Liveness {
     ping_after: Duration,
     dead_after: Duration,
     heard: Instant,
@@ -43,7 +43,7 @@ pub(super) struct Liveness {
 
 impl Liveness {
     /// A connection that just opened (`now`). `outbound`: this side dialed it.
-    pub(super) fn new(limits: &Limits, outbound: bool, now: Instant) -> Self {
+    pub fn new(limits: &Limits, outbound: bool, now: Instant) -> Self {
         let ping_after = if outbound {
             limits.ping_after
         } else {
@@ -58,13 +58,13 @@ impl Liveness {
     }
 
     /// Something (a frame, a ping, a pong) arrived at `now`.
-    pub(super) fn heard(&mut self, now: Instant) {
+    pub fn heard(&mut self, now: Instant) {
         self.heard = now;
         self.pinged = None;
     }
 
     /// What to do at `now`: wait, ping (at most once per `ping_after` of silence), or close.
-    pub(super) fn check(&mut self, now: Instant) -> Check {
+    pub fn check(&mut self, now: Instant) -> Check {
         let silent = now.saturating_duration_since(self.heard);
         let dead_at = self.heard + self.dead_after;
         if now >= dead_at {
