@@ -15,35 +15,55 @@
 //! acceptor, having heard it, has nothing to ask: one ping and one pong per `ping_after`. Any frame counts as
 //! a sign of life, so a link that carries traffic sends no ping at all.
 
+use std::ops::Add;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::driver::Limits;
 
+/// A point in time: the driver's `Instant`, or the simulator's virtual time as a
+/// `Duration` since its start.
+pub trait Moment: Copy + Ord + Add<Duration, Output = Self> {
+    /// How long after `earlier` this is (zero if it is before).
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Moment for Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+impl Moment for Duration {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_sub(earlier)
+    }
+}
+
 /// What a connection's liveness asks for at a given moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
+pub enum Check<T = Instant> {
     /// Nothing to do before this time.
-    Wait(Instant),
+    Wait(T),
     /// Send a ping now; look again at this time.
-    Ping(Instant),
+    Ping(T),
     /// Nothing arrived for this long (at least `dead_after`): close the connection.
     Dead(Duration),
 }
 
 /// When a connection last heard from its peer, and when it last pinged it.
-#[derive(Debug, Clone)]
-pub struct Liveness {
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness<T = Instant> {
     ping_after: Duration,
     dead_after: Duration,
-    heard: Instant,
-    pinged: Option<Instant>,
+    heard: T,
+    pinged: Option<T>,
 }
 
-impl Liveness {
+impl<T: Moment> Liveness<T> {
     /// A connection that just opened (`now`). `outbound`: this side dialed it.
-    pub fn new(limits: &Limits, outbound: bool, now: Instant) -> Self {
+    pub fn new(limits: &Limits, outbound: bool, now: T) -> Self {
         let ping_after = if outbound {
             limits.ping_after
         } else {
@@ -58,14 +78,14 @@ impl Liveness {
     }
 
     /// Something (a frame, a ping, a pong) arrived at `now`.
-    pub fn heard(&mut self, now: Instant) {
+    pub fn heard(&mut self, now: T) {
         self.heard = now;
         self.pinged = None;
     }
 
     /// What to do at `now`: wait, ping (at most once per `ping_after` of silence), or close.
-    pub fn check(&mut self, now: Instant) -> Check {
-        let silent = now.saturating_duration_since(self.heard);
+    pub fn check(&mut self, now: T) -> Check<T> {
+        let silent = now.since(self.heard);
         let dead_at = self.heard + self.dead_after;
         if now >= dead_at {
             return Check::Dead(silent);
