@@ -1,11 +1,12 @@
 //! Liveness without flooding, in the simulator: a node that dies is written dead within
 //! seconds (long before its lease would end), a quick restart is never shown gone, and a
-//! live node written dead comes back by itself.
+//! live node written dead (behind a partition, or slow and lossy) comes back by itself.
 //!
 //! Each test prints its seed; `ROSTER_SIM_SEED=N` replays one. Times are the simulator's
 //! virtual time: deterministic for a seed, not measurements.
 
 use roster_registry::{Endpoint, ProviderId, ServiceName};
+use roster_transport::driver::Limits;
 use roster_transport::proto::Config;
 use roster_transport::sim::{Faults, Sim};
 
@@ -154,4 +155,80 @@ fn a_live_node_written_dead_behind_a_partition_comes_back_by_itself_after_the_he
         (0..10).map(|i| shown(&sim, i).len()).collect::<Vec<_>>()
     );
     assert!(deaths(&sim).1 >= 1, "nobody refuted its death (seed {seed})");
+}
+
+/// The spells during which some other node did not show machine `x`, per node: (start,
+/// length) in virtual ms, sampled every `step` ms over `window` ms.
+fn absences(sim: &mut Sim, x: usize, window: u64, step: u64) -> Vec<(usize, u64, u64)> {
+    let mut since: Vec<Option<u64>> = vec![None; sim.len()];
+    let mut spells = Vec::new();
+    let end = sim.now_ms() + window;
+    while sim.now_ms() < end {
+        sim.run_for(step);
+        let now = sim.now_ms();
+        for i in (0..sim.len()).filter(|&i| i != x) {
+            match (shown(sim, i).contains(&x), since[i]) {
+                (false, None) => since[i] = Some(now),
+                (true, Some(t)) => {
+                    spells.push((i, t, now - t));
+                    since[i] = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    spells.extend(
+        since
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((i, (*t)?, end - (*t)?))),
+    );
+    spells
+}
+
+#[test]
+fn a_slow_lossy_live_node_written_dead_comes_back_within_a_refutation_by_itself() {
+    let seed = sim_seed("slow_lossy_node_refutes");
+    let mut sim = settled(10, seed);
+    sim.emulate_keepalive(Limits::default());
+    sim.run_for(30_000);
+    // Machine 3 turns slow and lossy: a fifth of its messages, pings and pongs lost, the
+    // rest delayed 20 to 400 ms. Its links die of lost pongs; its peers suspect it.
+    let lossy = Faults {
+        loss_permille: 200,
+        dup_permille: 0,
+        min_delay_ms: 20,
+        max_delay_ms: 400,
+    };
+    sim.set_machine_faults(3, Some(lossy));
+    let spells = absences(&mut sim, 3, 600_000, 100);
+    let (written, refuted) = deaths(&sim);
+    let worst = spells.iter().map(|s| s.2).max().unwrap_or(0);
+    eprintln!(
+        "seed {seed}: {written} deaths written, {refuted} refuted, {} spells unseen, the longest {worst} ms",
+        spells.len()
+    );
+    // The run does exercise false suspicion: ten minutes at this loss always kill links.
+    assert!(
+        written >= 1 && refuted >= 1,
+        "{written} deaths written, {refuted} refuted (seed {seed})"
+    );
+    // Each spell lasts a refutation: the death reaching machine 3 and its renewal coming
+    // back, over links that themselves die of lost pongs and are redialed (40 seeds: at
+    // most 5.5 s). A death that stuck would last until the faults clear, ten minutes on.
+    for (i, start, len) in &spells {
+        assert!(
+            *len <= 15_000,
+            "machine {i} did not show machine 3 for {len} ms from {start} (seed {seed}); all: {spells:?}"
+        );
+    }
+    // Nobody registers again: machine 3's instance is back everywhere once it is healthy.
+    sim.set_machine_faults(3, None);
+    sim.run_for(30_000);
+    for i in 0..10 {
+        assert!(
+            shown(&sim, i).contains(&3),
+            "machine {i} does not show machine 3 (seed {seed})"
+        );
+    }
 }

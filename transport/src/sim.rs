@@ -6,6 +6,8 @@
 //! reads a clock or the OS: it is a driver of [`crate::proto::Node`] like the tokio one,
 //! with the network replaced by a priority queue.
 
+mod links;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::rngs::SmallRng;
@@ -13,6 +15,7 @@ use rand::{RngExt, SeedableRng};
 use roster_registry::{Replica, ReplicaId, State};
 
 use crate::backoff::Failure;
+use crate::driver::Limits;
 use crate::message::Envelope;
 use crate::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Now, Output};
 
@@ -37,6 +40,21 @@ impl Faults {
         min_delay_ms: 1,
         max_delay_ms: 1,
     };
+
+    /// The worse of each of two behaviours: a link is as lossy and as slow as its worse end.
+    fn worst(self, other: Faults) -> Faults {
+        Faults {
+            loss_permille: self.loss_permille.max(other.loss_permille),
+            dup_permille: self.dup_permille.max(other.dup_permille),
+            min_delay_ms: self.min_delay_ms.max(other.min_delay_ms),
+            max_delay_ms: self.max_delay_ms.max(other.max_delay_ms),
+        }
+    }
+
+    /// A one-way delay drawn from this behaviour's range.
+    fn delay(self, rng: &mut SmallRng) -> u64 {
+        rng.random_range(self.min_delay_ms..=self.max_delay_ms.max(self.min_delay_ms))
+    }
 }
 
 /// What the simulated network carried, per node.
@@ -64,12 +82,17 @@ enum Event {
     },
     /// Close a connection, once what was sent on it before has arrived.
     Close { conn: ConnId },
+    /// A WebSocket ping (or, `ping` false, its pong) arrives at one end (with
+    /// [`Sim::emulate_keepalive`]).
+    Control { to: ConnId, ping: bool },
 }
 
 #[derive(Debug, Clone, Copy)]
 struct End {
     node: usize,
     other: ConnId,
+    /// This end dialed.
+    outbound: bool,
 }
 
 /// One simulated machine: its identity, its node while it runs, and its disk.
@@ -86,6 +109,8 @@ struct Machine {
     proto: Option<Config>,
     /// How far its wall clock is off the simulation's time (its monotonic clock is not).
     wall_offset_ms: i64,
+    /// Its own network behaviour, on every link it has, when worse than the simulation's.
+    faults: Option<Faults>,
 }
 
 /// The simulator.
@@ -114,7 +139,13 @@ pub struct Sim {
     timers: BTreeSet<(u64, usize)>,
     /// Each machine's entry in `timers`.
     timer_of: Vec<Option<u64>>,
+    /// The driver's pings and dead links, when emulated.
+    keepalives: Option<links::Keepalives>,
 }
+
+/// The bytes of an emulated ping or pong: an empty WebSocket control frame, masked (the
+/// larger of the two directions).
+const CONTROL_FRAME_BYTES: u64 = 6;
 
 /// The URL of machine `i` in the simulation.
 pub fn url(i: usize) -> String {
@@ -149,6 +180,7 @@ impl Sim {
             by_kind: BTreeMap::new(),
             timers: BTreeSet::new(),
             timer_of: vec![None; n],
+            keepalives: None,
         };
         for i in 0..n {
             let info = NodeInfo {
@@ -165,6 +197,7 @@ impl Sim {
                 traffic: Traffic::default(),
                 proto: None,
                 wall_offset_ms: 0,
+                faults: None,
             });
         }
         for i in 0..n {
@@ -247,6 +280,33 @@ impl Sim {
     /// Sets the network's behaviour from now on.
     pub fn set_faults(&mut self, faults: Faults) {
         self.faults = faults;
+    }
+
+    /// Gives machine `i`'s links their own behaviour from now on (`None`: the
+    /// simulation's): a slow or lossy machine. A link takes the worse of its ends'.
+    pub fn set_machine_faults(&mut self, i: usize, faults: Option<Faults>) {
+        self.machines[i].faults = faults;
+    }
+
+    /// Emulates the driver's keepalive on every connection from now on: quiet links
+    /// are pinged (a ping and a pong, 6 bytes each, lost and delayed like any message) and
+    /// a link on which nothing arrived for `limits.dead_after` is closed as dead
+    /// ([`Node::handle_dead_link`] on that side; the other side sees it close). Without it,
+    /// a simulated link never dies of silence.
+    pub fn emulate_keepalive(&mut self, limits: Limits) {
+        let mut k = links::Keepalives::new(limits);
+        for (conn, end) in &self.ends {
+            k.opened(*conn, end.outbound, self.now_ms);
+        }
+        self.keepalives = Some(k);
+    }
+
+    /// The behaviour of a link between machines `a` and `b`.
+    fn link_faults(&self, a: usize, b: usize) -> Faults {
+        [a, b]
+            .iter()
+            .filter_map(|&m| self.machines[m].faults)
+            .fold(self.faults, Faults::worst)
     }
 
     fn start(&mut self, i: usize) {
@@ -352,6 +412,10 @@ impl Sim {
         if let Some(other) = self.ends.remove(&end.other) {
             ends.push((other.node, end.other));
         }
+        if let Some(k) = self.keepalives.as_mut() {
+            k.closed(c);
+            k.closed(end.other);
+        }
         for (node, conn) in ends {
             let now = self.now_of(node);
             if let Some(n) = self.machines[node].node.as_mut() {
@@ -369,13 +433,7 @@ impl Sim {
                 match out {
                     Output::Send { conn, envelope } => self.send(i, conn, envelope),
                     Output::Dial(target) => self.dial(i, target, &mut work),
-                    Output::Close { conn, .. } => {
-                        // What was sent before the close still arrives (a driver flushes
-                        // before closing); then both ends learn of it.
-                        self.next_event += 1;
-                        let at = self.now_ms + self.faults.max_delay_ms.max(self.faults.min_delay_ms) + 1;
-                        self.queue.insert((at, self.next_event), Event::Close { conn });
-                    }
+                    Output::Close { conn, .. } => self.close_later(i, conn),
                     Output::Event(change) => {
                         if self.keep_log {
                             self.log.push((i, self.now_ms, change));
@@ -400,6 +458,20 @@ impl Sim {
             self.timers.insert((t, i));
         }
         self.timer_of[i] = next;
+    }
+
+    /// Closes `conn` (an end of machine `i`) once what was sent on it before has arrived
+    /// (a driver flushes before closing); then both ends learn of it.
+    fn close_later(&mut self, i: usize, conn: ConnId) {
+        let other = self
+            .ends
+            .get(&conn)
+            .and_then(|e| self.ends.get(&e.other))
+            .map_or(i, |o| o.node);
+        let f = self.link_faults(i, other);
+        self.next_event += 1;
+        let at = self.now_ms + f.max_delay_ms.max(f.min_delay_ms) + 1;
+        self.queue.insert((at, self.next_event), Event::Close { conn });
     }
 
     fn send(&mut self, from: usize, conn: ConnId, envelope: Envelope) {
@@ -433,18 +505,18 @@ impl Sim {
         let Some(end) = self.ends.get(&conn).copied() else {
             return;
         };
-        if self.rng.random_range(0..1_000) < self.faults.loss_permille {
+        let to = self.ends.get(&end.other).map_or(from, |e| e.node);
+        let f = self.link_faults(from, to);
+        if self.rng.random_range(0..1_000) < f.loss_permille {
             return;
         }
-        let copies = if self.rng.random_range(0..1_000) < self.faults.dup_permille {
+        let copies = if self.rng.random_range(0..1_000) < f.dup_permille {
             2
         } else {
             1
         };
         for _ in 0..copies {
-            let delay = self.rng.random_range(
-                self.faults.min_delay_ms..=self.faults.max_delay_ms.max(self.faults.min_delay_ms),
-            );
+            let delay = f.delay(&mut self.rng);
             self.next_event += 1;
             self.queue.insert(
                 (self.now_ms + delay, self.next_event),
@@ -478,8 +550,26 @@ impl Sim {
         };
         let (a, b) = (self.next_conn, self.next_conn + 1);
         self.next_conn += 2;
-        self.ends.insert(a, End { node: from, other: b });
-        self.ends.insert(b, End { node: to, other: a });
+        self.ends.insert(
+            a,
+            End {
+                node: from,
+                other: b,
+                outbound: true,
+            },
+        );
+        self.ends.insert(
+            b,
+            End {
+                node: to,
+                other: a,
+                outbound: false,
+            },
+        );
+        if let Some(k) = self.keepalives.as_mut() {
+            k.opened(a, true, now);
+            k.opened(b, false, now);
+        }
         let (info_from, info_to) = (self.machines[from].info.clone(), self.machines[to].info.clone());
         let seed = match &target {
             DialTarget::Seed { url } => Some(url.as_str()),
@@ -501,9 +591,10 @@ impl Sim {
         loop {
             let next_net = self.queue.keys().next().map(|(t, _)| *t);
             let next_timer = self.timers.first().map(|(t, _)| *t);
-            let next = match (next_net, next_timer) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => a.or(b).unwrap_or(until_ms),
+            let next_link = self.keepalives.as_ref().and_then(links::Keepalives::next_due);
+            let Some(next) = [next_net, next_timer, next_link].into_iter().flatten().min() else {
+                self.now_ms = self.now_ms.max(until_ms);
+                return;
             };
             if next > until_ms {
                 self.now_ms = until_ms;
@@ -514,21 +605,98 @@ impl Sim {
                 match self.queue.pop_first() {
                     Some((_, Event::Deliver { to, envelope, bytes })) => self.deliver(to, envelope, bytes),
                     Some((_, Event::Close { conn })) => self.drop_conn(conn),
+                    Some((_, Event::Control { to, ping })) => self.deliver_control(to, ping),
                     None => {}
                 }
+            } else if next_timer == Some(next) {
+                self.run_timers();
             } else {
-                let now = self.now_ms;
-                // Every node due at `now`, in machine order (as a scan of all would find them).
-                let mut due: Vec<usize> = self.timers.range(..=(now, usize::MAX)).map(|(_, i)| *i).collect();
-                due.sort_unstable();
-                for i in due {
-                    let now = self.now_of(i);
-                    if let Some(n) = self.machines[i].node.as_mut() {
-                        n.handle_timeout(now);
+                self.run_keepalives();
+            }
+        }
+    }
+
+    /// Every node whose timer is due now, in machine order (as a scan of all would find them).
+    fn run_timers(&mut self) {
+        let now = self.now_ms;
+        let mut due: Vec<usize> = self.timers.range(..=(now, usize::MAX)).map(|(_, i)| *i).collect();
+        due.sort_unstable();
+        for i in due {
+            let now = self.now_of(i);
+            if let Some(n) = self.machines[i].node.as_mut() {
+                n.handle_timeout(now);
+            }
+            self.drain(i);
+        }
+    }
+
+    /// Pings the quiet links that are due, and closes the dead ones: the dead side's node
+    /// is told its link died of silence; the other side sees the close arrive.
+    fn run_keepalives(&mut self) {
+        let Some(k) = self.keepalives.as_mut() else { return };
+        for (conn, due) in k.take_due(self.now_ms) {
+            let Some(end) = self.ends.get(&conn).copied() else {
+                continue;
+            };
+            match due {
+                links::Due::Ping => self.send_control(conn, true),
+                links::Due::Dead => {
+                    self.ends.remove(&conn);
+                    let now = self.now_of(end.node);
+                    if let Some(n) = self.machines[end.node].node.as_mut() {
+                        n.handle_dead_link(conn, now);
                     }
-                    self.drain(i);
+                    self.drain(end.node);
+                    self.close_later(end.node, end.other);
                 }
             }
+        }
+    }
+
+    /// Sends a ping (or a pong) from end `from`, lost and delayed as messages are.
+    fn send_control(&mut self, from: ConnId, ping: bool) {
+        let Some(end) = self.ends.get(&from).copied() else {
+            return;
+        };
+        let Some(to) = self.ends.get(&end.other).map(|e| e.node) else {
+            return;
+        };
+        let k = self
+            .by_kind
+            .entry(if ping { "ping" } else { "pong" })
+            .or_default();
+        k.0 += 1;
+        k.1 += CONTROL_FRAME_BYTES;
+        let t = &mut self.machines[end.node].traffic;
+        t.messages_sent += 1;
+        t.bytes_sent += CONTROL_FRAME_BYTES;
+        let f = self.link_faults(end.node, to);
+        if self.rng.random_range(0..1_000) < f.loss_permille {
+            return;
+        }
+        let delay = f.delay(&mut self.rng);
+        self.next_event += 1;
+        let event = Event::Control { to: end.other, ping };
+        self.queue.insert((self.now_ms + delay, self.next_event), event);
+    }
+
+    /// A ping or pong arrives: a sign of life; a ping is answered.
+    fn deliver_control(&mut self, to: ConnId, ping: bool) {
+        let Some(end) = self.ends.get(&to).copied() else {
+            return;
+        };
+        let from = self.ends.get(&end.other).map(|e| e.node);
+        if from.is_none_or(|f| self.machines[f].side != self.machines[end.node].side) {
+            return;
+        }
+        let t = &mut self.machines[end.node].traffic;
+        t.messages_received += 1;
+        t.bytes_received += CONTROL_FRAME_BYTES;
+        if let Some(k) = self.keepalives.as_mut() {
+            k.heard(to, self.now_ms);
+        }
+        if ping {
+            self.send_control(to, false);
         }
     }
 
@@ -550,6 +718,9 @@ impl Sim {
         let t = &mut self.machines[end.node].traffic;
         t.messages_received += 1;
         t.bytes_received += bytes;
+        if let Some(k) = self.keepalives.as_mut() {
+            k.heard(to, self.now_ms);
+        }
         let now = self.now_of(end.node);
         if let Some(n) = self.machines[end.node].node.as_mut() {
             // A refusal closes the connection through the node's outputs.
