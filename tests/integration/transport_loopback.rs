@@ -916,7 +916,7 @@ async fn a_state_too_large_to_send_and_a_peer_that_does_not_read_are_cut() {
     let ask_for_everything = || {
         let digest = Envelope {
             sent_at: Hlc::new(now_ms(), 0),
-            message: Message::digest(&CausalContext::new(), false),
+            message: Message::digest(&CausalContext::new(), false, None),
         };
         WsMessage::binary(whole(&digest))
     };

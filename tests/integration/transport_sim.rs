@@ -536,3 +536,68 @@ fn an_idle_cluster_compares_digest_hashes_not_digests() {
         "{new_digests} digests for {new_hashes} hashes (seed {seed})"
     );
 }
+
+#[test]
+fn connections_between_nodes_in_step_carry_no_registrations() {
+    let seed = sim_seed("rotation_in_step");
+    // A rotation every 30 s opens connections between nodes that hold the same 1,100
+    // registrations: more than the delta buffer holds, and more than any acknowledgement
+    // from an earlier connection covers.
+    let cfg = Config {
+        rotate_interval_ms: 30_000,
+        ..config()
+    };
+    let mut sim = Sim::new(10, cfg, Faults::NONE, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    let held = ServiceName::new("held").unwrap();
+    for i in 0..1_100 {
+        let p = ProviderId::new(&format!("h{i}")).unwrap();
+        let ep = Endpoint::new("10.9.9.9", 8_000).unwrap();
+        sim.with_node(i % 10, |n, now| {
+            n.register(held.clone(), p, ep, Default::default(), now)
+        })
+        .unwrap()
+        .unwrap();
+        sim.run_for(5);
+    }
+    let all_hold = |sim: &Sim| {
+        (0..10).all(|i| {
+            sim.node(i)
+                .unwrap()
+                .replica()
+                .instances(&held, sim.now_ms())
+                .count()
+                == 1_100
+        })
+    };
+    let took = settle(&mut sim, 120, all_hold);
+    assert!(
+        took.is_some(),
+        "the registrations did not reach every node (seed {seed})"
+    );
+    sim.run_for(30_000);
+    sim.classify_deltas(true);
+    let before = sim.traffic_by_kind().clone();
+    sim.run_for(300_000);
+    let new = |kind: &str| {
+        let (m, b) = sim.traffic_by_kind().get(kind).copied().unwrap_or_default();
+        let (m0, b0) = before.get(kind).copied().unwrap_or_default();
+        (m - m0, b - b0)
+    };
+    assert!(
+        new("goodbye").0 >= 10,
+        "too few rotations to tell: {:?} (seed {seed})",
+        new("goodbye")
+    );
+    // Each new connection costs a digest each way (the states hash alike), not an elided
+    // state nor the buffer's deltas.
+    assert_eq!(new("elided"), (0, 0), "elided states sent (seed {seed})");
+    assert_eq!(
+        new("delta"),
+        (0, 0),
+        "deltas with registrations sent (seed {seed})"
+    );
+}

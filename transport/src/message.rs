@@ -33,6 +33,11 @@ pub enum Message {
         ctx: Vec<u8>,
         /// Whether this answers a digest.
         reply: bool,
+        /// A hash of the sender's whole state ([`state_hash`]), in digests that ask: a
+        /// receiver with no acknowledgement from the sender that finds it equal to its own
+        /// takes the sender as up to date, instead of sending it an elided state (one entry
+        /// per registration) to find out.
+        state: Option<[u8; 16]>,
     },
     /// A delta: the join of the sender's buffered deltas up to `seq`.
     Delta {
@@ -163,11 +168,13 @@ impl Envelope {
 }
 
 impl Message {
-    /// A digest message for `ctx`.
-    pub fn digest(ctx: &CausalContext, reply: bool) -> Self {
+    /// A digest message for `ctx`; `state` the hash of the sender's state, sent with
+    /// digests that ask (not with replies).
+    pub fn digest(ctx: &CausalContext, reply: bool, state: Option<[u8; 16]>) -> Self {
         Message::Digest {
             ctx: codec::encode_context(ctx),
             reply,
+            state,
         }
     }
 
@@ -237,6 +244,19 @@ pub fn decode_delta(bytes: &[u8]) -> Result<State, MessageError> {
 pub fn context_hash(ctx: &CausalContext) -> [u8; 16] {
     use sha2::Digest as _;
     let full = sha2::Sha256::digest(codec::encode_context(ctx));
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// SHA-256 of a state's encoding, cut to 16 bytes: equal states encode alike (maps in key
+/// order), so two replicas with the same hash hold the same registrations, leases,
+/// removals and context. It costs an encoding of the state (O(registrations)), paid only
+/// when a digest asks, that is when a connection opens or a periodic exchange found the
+/// contexts apart.
+pub fn state_hash(state: &State) -> [u8; 16] {
+    use sha2::Digest as _;
+    let full = sha2::Sha256::digest(codec::encode_state(state));
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out

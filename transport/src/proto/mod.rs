@@ -275,6 +275,8 @@ pub struct Counters {
     pub overwrites_repaired: u64,
     /// Digests not sent because one to the same peer was in flight.
     pub digests_coalesced: u64,
+    /// Peers found in step by their state hash, so sent no elided state.
+    pub equal_states_adopted: u64,
     /// Peers this node wrote dead (see `liveness`).
     pub deaths_written: u64,
     /// Times this node found itself written dead and renewed its lease.
@@ -892,7 +894,12 @@ impl Node {
             return;
         }
         self.peers.entry(peer).or_default().digest_sent_at = Some(now.mono_ms);
-        self.send_to_peer(peer, Message::digest(self.replica.context(), false), now);
+        let state = message::state_hash(self.replica.state());
+        self.send_to_peer(
+            peer,
+            Message::digest(self.replica.context(), false, Some(state)),
+            now,
+        );
     }
 
     /// The peers whose last digest shows they hold `dot`.
@@ -1169,13 +1176,16 @@ impl Node {
             .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
         self.heard_from(peer);
         match envelope.message {
-            Message::Digest { ctx, reply } => {
+            Message::Digest { ctx, reply, state } => {
                 let theirs = message::decode_digest(&ctx)?;
                 self.refute(&theirs, now);
                 let ours = self.replica.context().clone();
                 let p = self.peers.entry(peer).or_default();
                 p.digest = Some(theirs.clone());
                 p.digest_sent_at = None;
+                if let Some(hash) = state {
+                    self.adopt_equal(peer, &theirs, &ours, hash);
+                }
                 if !theirs.includes(&ours) {
                     // They lack something: from the buffer if it covers them, else in full.
                     // A full state already on its way (not yet acknowledged) is not sent
@@ -1201,7 +1211,7 @@ impl Node {
                     }
                 }
                 if !reply && !ours.includes(&theirs) {
-                    self.send(conn, Message::digest(&ours, true), now);
+                    self.send(conn, Message::digest(&ours, true, None), now);
                 }
             }
             Message::Delta { seq, delta } => {
