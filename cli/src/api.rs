@@ -27,8 +27,12 @@ pub const NONCE_LEN: usize = 32;
 pub const CLIENT_LABEL: &[u8] = b"roster client v1";
 /// The label of the agent's proof.
 pub const AGENT_LABEL: &[u8] = b"roster agent v1";
-/// The largest request an agent reads (one frame).
+/// The largest request an agent reads (one frame), but for a batch.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The largest batch request ([`Request::RegisterMany`]) an agent reads (one frame): the
+/// WebSocket message size the transport accepts (1 MiB). A batch also holds at most
+/// [`crate::MAX_BATCH_ITEMS`] items; a client splits a larger deploy into batches.
+pub const MAX_BATCH_REQUEST_BYTES: usize = 1 << 20;
 /// The largest answer a client reads.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
@@ -107,6 +111,29 @@ pub enum Request {
     },
     /// An anti-entropy round now (throttled).
     Sync,
+    /// Register (or update) many instances the agent owns and renews, all or none: one
+    /// write to the replica, one delta to peers, one commit on disk. At most
+    /// [`crate::MAX_BATCH_ITEMS`] items and [`MAX_BATCH_REQUEST_BYTES`] bytes; a bad item
+    /// refuses the batch with an error naming it (`item 17: ...`, from 0).
+    RegisterMany {
+        /// The instances, each as a [`Request::Register`] names one.
+        items: Vec<RegisterItem>,
+    },
+}
+
+/// One instance of a [`Request::RegisterMany`]: the fields of a [`Request::Register`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterItem {
+    /// The service.
+    pub service: String,
+    /// `host:port`.
+    pub address: String,
+    /// Metadata pairs.
+    pub meta: Vec<(String, String)>,
+    /// The instance id; `None`: the agent's default for the service.
+    pub instance: Option<String>,
+    /// End it after this long without another registration; `None`: never.
+    pub ttl_ms: Option<u64>,
 }
 
 /// One live instance.
@@ -348,6 +375,11 @@ pub enum ServerMessage {
         /// Whether a peer was asked.
         asked: bool,
     },
+    /// A batch registered: the instance ids, in the order of the items.
+    RegisteredMany {
+        /// The instance ids.
+        instances: Vec<String>,
+    },
 }
 
 impl ServerMessage {
@@ -366,6 +398,7 @@ impl ServerMessage {
             Self::Status(_) => "a status",
             Self::Explain(_) => "an explanation",
             Self::Synced { .. } => "synced",
+            Self::RegisteredMany { .. } => "registered many",
         }
     }
 }
@@ -382,6 +415,14 @@ pub enum WireError {
     /// Not a message.
     #[error("a malformed message: {0}")]
     Malformed(String),
+}
+
+/// Splits an agent's error about one item of a batch (`item 17: why`) into the item's
+/// index (from 0) and why; `None` for an error about the whole request.
+pub fn item_error(message: &str) -> Option<(usize, &str)> {
+    let rest = message.strip_prefix("item ")?;
+    let (n, why) = rest.split_once(": ")?;
+    Some((n.parse().ok()?, why))
 }
 
 /// Encodes a message: the version byte, then postcard.

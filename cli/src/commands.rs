@@ -3,14 +3,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use roster::api::{ErrorKind, EventView, Request, ServerMessage};
+use roster::api::{ErrorKind, EventView, RegisterItem, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::registry::{metadata_from_pairs, Endpoint, ProviderId, ServiceName};
 use roster::transport::driver::ClientTls;
 use roster::transport::handshake::Secret;
 
-use crate::output;
-use crate::{ClientArgs, Fail};
+use crate::{bulk_file, output, ClientArgs, Fail};
 
 async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
@@ -133,6 +132,57 @@ pub async fn register(
         }
         other => Err(refused(other)),
     }
+}
+
+/// `roster register --from-file`: every line checked first, then batches on one connection,
+/// each registered all or none.
+pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Result<(), Fail> {
+    let name = path.display().to_string();
+    let lines = bulk_file::read(path)?;
+    let mut client = connect(c).await?;
+    let mut done: Vec<(String, String)> = Vec::with_capacity(lines.len());
+    for batch in bulk_file::batches(&lines) {
+        let items: Vec<RegisterItem> = batch.iter().map(|l| l.item.clone()).collect();
+        let answer = client
+            .request(Request::RegisterMany { items })
+            .await
+            .map_err(|e| match e {
+                ClientError::Protocol { url, why } if why.contains("hung up") => Fail::failed(format!(
+                    "the agent at {url} {why}; an agent older than this roster does not take batches: \
+                     upgrade it, or register one by one"
+                )),
+                e => from_client(e),
+            });
+        let fail = match answer {
+            Ok(ServerMessage::RegisteredMany { instances }) => {
+                done.extend(batch.iter().map(|l| l.item.service.clone()).zip(instances));
+                continue;
+            }
+            Ok(other) => refused(other),
+            Err(f) => f,
+        };
+        let message = bulk_file::locate(&name, batch, &fail.message);
+        let before = match (done.len(), batch.first()) {
+            (0, _) | (_, None) => String::new(),
+            (n, Some(l)) => format!(" (the {n} instances before line {} are registered)", l.number),
+        };
+        return Err(Fail {
+            code: fail.code,
+            message: format!("{message}{before}"),
+        });
+    }
+    if c.json {
+        let v: Vec<_> = done
+            .iter()
+            .map(|(s, i)| serde_json::json!({ "service": s, "instance": i }))
+            .collect();
+        output::json(&v);
+    } else {
+        for (_, i) in &done {
+            output::text_line(i);
+        }
+    }
+    Ok(())
 }
 
 pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {

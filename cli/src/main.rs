@@ -4,6 +4,7 @@
 //! authenticate to the agent.
 
 mod agent;
+mod bulk_file;
 mod commands;
 mod output;
 
@@ -61,13 +62,24 @@ enum Command {
     /// Run a roster node (an agent) in the foreground.
     Agent(agent::AgentArgs),
     /// Register an instance of a service; the agent owns and renews it until `deregister`.
+    ///
+    /// With --from-file, register many at once (a deploy): one JSON object a line, with the
+    /// fields of the arguments, e.g.
+    /// {"service": "web", "address": "10.0.0.7:8080", "id": "web-1", "meta": {"zone": "a"},
+    /// "ttl": "30s"}. Every line is checked before any is sent; the agent takes up to 10,000
+    /// a batch, all or none.
     Register {
         #[command(flatten)]
         client: ClientArgs,
         /// The service name (DNS-like: lowercase letters, digits, '-', dots between labels).
-        service: String,
+        #[arg(required_unless_present = "from_file")]
+        service: Option<String>,
         /// Where the instance listens, host:port.
-        address: String,
+        #[arg(required_unless_present = "from_file")]
+        address: Option<String>,
+        /// Register the instances of a JSON-lines file ('-': stdin) instead.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["service", "address", "meta", "id", "ttl"])]
+        from_file: Option<PathBuf>,
         /// Metadata, KEY=VALUE (repeat for more).
         #[arg(long = "meta", value_name = "K=V")]
         meta: Vec<String>,
@@ -189,10 +201,17 @@ fn main() -> ExitCode {
                 client,
                 service,
                 address,
+                from_file,
                 meta,
                 id,
                 ttl,
-            } => commands::register(&client, service, address, meta, id, ttl).await,
+            } => match (from_file, service, address) {
+                (Some(path), _, _) => commands::register_from_file(&client, &path).await,
+                (None, Some(service), Some(address)) => {
+                    commands::register(&client, service, address, meta, id, ttl).await
+                }
+                _ => Err(Fail::usage("give SERVICE and ADDRESS, or --from-file FILE")),
+            },
             Command::Deregister {
                 client,
                 service,

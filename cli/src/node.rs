@@ -22,9 +22,14 @@ use tracing::{info, warn};
 use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
 use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
 
+mod bulk;
+#[cfg(test)]
+mod bulk_tests;
 #[cfg(test)]
 mod disk_tests;
 mod unsaved;
+
+pub use bulk::MAX_BATCH_ITEMS;
 
 /// The default listen address of an agent.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -134,6 +139,7 @@ impl From<DriverError> for Error {
         match e {
             DriverError::Stopped => Error::Stopped,
             DriverError::Invalid(e) => Error::Invalid(e.to_string()),
+            e @ DriverError::InvalidItem { .. } => Error::Invalid(e.to_string()),
         }
     }
 }

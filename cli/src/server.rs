@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::api::{
-    self, ClientMessage, ErrorKind, EventView, Request, ServerHello, ServerMessage, AGENT_LABEL,
-    CLIENT_LABEL, MAX_REQUEST_BYTES, NONCE_LEN,
+    self, ClientMessage, ErrorKind, EventView, RegisterItem, Request, ServerHello, ServerMessage,
+    AGENT_LABEL, CLIENT_LABEL, MAX_BATCH_REQUEST_BYTES, MAX_REQUEST_BYTES, NONCE_LEN,
 };
 use crate::node::{Error, Event, Inner, Node, Service};
 
@@ -61,13 +61,29 @@ async fn recv(ws: &mut Ws) -> Result<ClientMessage, String> {
             None => return Err("the client hung up".into()),
             Some(Err(e)) => return Err(e.to_string()),
             Some(Ok(WsMessage::Binary(b))) => {
-                if b.len() > MAX_REQUEST_BYTES {
-                    return Err(format!(
-                        "a request of {} bytes (max {MAX_REQUEST_BYTES})",
-                        b.len()
-                    ));
+                let msg = if b.len() > MAX_BATCH_REQUEST_BYTES {
+                    None
+                } else {
+                    Some(api::decode(&b).map_err(|e| e.to_string())?)
+                };
+                let batch = matches!(msg, Some(ClientMessage::Request(Request::RegisterMany { .. })));
+                let max = if batch {
+                    MAX_BATCH_REQUEST_BYTES
+                } else {
+                    MAX_REQUEST_BYTES
+                };
+                match msg {
+                    Some(m) if b.len() <= max => return Ok(m),
+                    _ => {
+                        let m = format!(
+                            "a request of {} bytes is too large (at most {MAX_REQUEST_BYTES}, or \
+                             {MAX_BATCH_REQUEST_BYTES} for a batch); send fewer items per batch",
+                            b.len()
+                        );
+                        let _ = send(ws, &error(ErrorKind::Invalid, m.clone())).await;
+                        return Err(m);
+                    }
                 }
-                return api::decode(&b).map_err(|e| e.to_string());
             }
             Some(Ok(WsMessage::Close(_))) => return Err("the client closed".into()),
             Some(Ok(WsMessage::Text(_))) => return Err("a text frame".into()),
@@ -205,24 +221,28 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
     match request {
         Request::Watch { .. } => error(ErrorKind::Invalid, "a watch needs a connection of its own"),
         Request::Register {
-            service,
+            service: name,
             address,
             meta,
             instance,
             ttl_ms,
         } => {
-            let mut s = Service::new(service, address);
-            for (k, v) in meta {
-                s = s.meta(k, v);
-            }
-            if let Some(i) = instance {
-                s = s.id(i);
-            }
-            if let Some(t) = ttl_ms {
-                s = s.ttl(Duration::from_millis(t));
-            }
+            let s = service(RegisterItem {
+                service: name,
+                address,
+                meta,
+                instance,
+                ttl_ms,
+            });
             match node.register_owned(s).await {
                 Ok(instance) => ServerMessage::Registered { instance },
+                Err(e) => from_error(e),
+            }
+        }
+        Request::RegisterMany { items } => {
+            let services = items.into_iter().map(service).collect();
+            match node.register_many_owned(services).await {
+                Ok(instances) => ServerMessage::RegisteredMany { instances },
                 Err(e) => from_error(e),
             }
         }
@@ -254,6 +274,21 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
             Err(e) => from_error(e),
         },
     }
+}
+
+/// The instance a register request names.
+fn service(item: RegisterItem) -> Service {
+    let mut s = Service::new(item.service, item.address);
+    for (k, v) in item.meta {
+        s = s.meta(k, v);
+    }
+    if let Some(i) = item.instance {
+        s = s.id(i);
+    }
+    if let Some(t) = item.ttl_ms {
+        s = s.ttl(Duration::from_millis(t));
+    }
+    s
 }
 
 /// Streams a service's instances, then its changes, until the client leaves or the node

@@ -19,6 +19,7 @@ use roster_registry::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+mod bulk;
 mod disk;
 mod health;
 

@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// `roster register --from-file`: many instances through a real agent, and killed mid-way.
+#[path = "agents/bulk.rs"]
+mod bulk;
+
 const BIN: &str = env!("CARGO_BIN_EXE_roster");
 /// Agents in these tests gossip every 100 ms and hold 3 s leases, so a test runs in seconds.
 const GOSSIP: &str = "100ms";

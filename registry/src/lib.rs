@@ -56,7 +56,7 @@ pub use id::{
     dot, Dot, ProviderId, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN, MAX_SERVICE_NAME_LEN,
 };
 pub use meta::Metadata;
-pub use replica::{Applied, Change, Instance, InstanceRef, Provenance, Replica};
+pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use value::{
     is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN,

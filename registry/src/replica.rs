@@ -15,6 +15,10 @@ use crate::meta::Metadata;
 use crate::state::{Elided, JoinReport, RegKey, State};
 use crate::value::{validate_metadata, Endpoint, Lease, Registration};
 
+mod bulk;
+
+pub use bulk::NewRegistration;
+
 /// One node's replica of the registry.
 #[derive(Clone, Debug)]
 pub struct Replica {

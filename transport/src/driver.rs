@@ -198,6 +198,14 @@ pub enum DriverError {
     /// The registration broke a limit; nothing changed.
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
+    /// An item of a bulk write broke a limit; nothing changed.
+    #[error("item {index}: {source}")]
+    InvalidItem {
+        /// Its index in the batch, from 0.
+        index: usize,
+        /// Why.
+        source: InvalidInput,
+    },
 }
 
 /// What a node has done: the protocol's counters and the driver's.
@@ -492,6 +500,17 @@ impl Handle {
             reply,
         };
         self.ask(cmd, answer).await?
+    }
+
+    /// Registers (or updates) many instances this node owns in one delta: one push to
+    /// peers and one published snapshot for the lot (see [`Handle::register`]).
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidItem`] naming the first item whose metadata break a limit, or
+    /// [`DriverError::Stopped`]; nothing changed either way.
+    pub async fn register_many(&self, items: Vec<proto::OwnedRegistration>) -> Result<(), DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Command::RegisterMany { items, reply }, answer).await?
     }
 
     /// Removes an instance this node owns. Returns whether there was one.

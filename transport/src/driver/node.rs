@@ -41,6 +41,10 @@ pub(super) enum Command {
         meta: Metadata,
         reply: oneshot::Sender<Result<(), DriverError>>,
     },
+    RegisterMany {
+        items: Vec<crate::proto::OwnedRegistration>,
+        reply: oneshot::Sender<Result<(), DriverError>>,
+    },
     Deregister {
         service: ServiceName,
         provider: ProviderId,
@@ -279,6 +283,18 @@ impl NodeTask {
                         .map_err(DriverError::Invalid)
                 };
                 // Read-your-writes: the snapshot shows the write before the caller hears back.
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+            Command::RegisterMany { items, reply } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    self.node
+                        .register_many(items, now)
+                        .map_err(|(index, source)| DriverError::InvalidItem { index, source })
+                };
                 self.flush();
                 self.publish_replica();
                 let _ = reply.send(r);

@@ -32,10 +32,11 @@ use crate::backoff::{Backoff, BackoffPolicy, Failure};
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Envelope, Message, MessageError};
 
+/// Pushes, gossip rounds, full states, and forwarding what a delta taught.
+mod bulk;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
 mod liveness;
-/// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;

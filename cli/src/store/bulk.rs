@@ -1,0 +1,55 @@
+//! Own registrations written in bulk: one transaction (one commit, one fsync) for a batch.
+
+use redb::ReadableTable;
+
+use super::{OwnedRecord, Store, StoreError, K_FLOOR, META, OWNED, REMOVED};
+
+impl Store {
+    /// Saves own registrations and forgets `deletes` (keys, without remembering them as
+    /// removed), all in one transaction, durable when this returns; raises the counter
+    /// floor to at least `floor`. A bulk register saves its records this way before the
+    /// node mints their dots, so the floor covers every dot the batch may mint; a failed
+    /// batch puts the previous records back the same way.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`]; nothing is saved.
+    pub fn write_owned(
+        &self,
+        puts: &[OwnedRecord],
+        deletes: &[String],
+        floor: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let encoded = puts
+            .iter()
+            .map(|r| postcard::to_stdvec(r).map(|b| (r.key(), b)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.io(e))?;
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.io(e))?;
+            {
+                let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
+                let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
+                for (k, bytes) in &encoded {
+                    owned
+                        .insert(k.as_str(), bytes.as_slice())
+                        .map_err(|e| self.io(e))?;
+                    removed.remove(k.as_str()).map_err(|e| self.io(e))?;
+                }
+                for k in deletes {
+                    owned.remove(k.as_str()).map_err(|e| self.io(e))?;
+                }
+                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
+                let reserved = meta
+                    .get(K_FLOOR)
+                    .map_err(|e| self.io(e))?
+                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                    .map_or(0, u64::from_le_bytes);
+                if let Some(floor) = floor.filter(|f| *f > reserved) {
+                    meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
+                        .map_err(|e| self.io(e))?;
+                }
+            }
+            tx.commit().map_err(|e| self.io(e))
+        })
+    }
+}

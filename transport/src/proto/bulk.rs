@@ -1,0 +1,44 @@
+//! Writes in bulk: many owned registrations in one delta (one push, one snapshot).
+
+use roster_registry::{InvalidInput, NewRegistration};
+
+use super::{Node, Now, Owned, OwnedRegistration};
+
+impl Node {
+    /// Registers (or updates) many instances this node owns, in one delta: as
+    /// [`Node::register`] for each, at the cost of one.
+    ///
+    /// # Errors
+    /// The index of the first item whose metadata break a limit, with why; nothing changes.
+    pub fn register_many(
+        &mut self,
+        items: Vec<OwnedRegistration>,
+        now: impl Into<Now>,
+    ) -> Result<(), (usize, InvalidInput)> {
+        let now = self.time.input(now.into());
+        let stamp = self.clock.tick(now.wall_ms);
+        let ttl_ms = self.lease_ttl(now.wall_ms);
+        let news = items
+            .iter()
+            .map(|o| NewRegistration {
+                service: o.service.clone(),
+                provider: o.provider.clone(),
+                endpoint: o.endpoint.clone(),
+                meta: o.meta.clone(),
+            })
+            .collect();
+        let applied = self.replica.register_many(news, ttl_ms, stamp)?;
+        for o in items {
+            let owned = Owned {
+                endpoint: o.endpoint,
+                meta: o.meta,
+                overwrite_repaired_at: None,
+            };
+            self.owned.insert((o.service, o.provider), owned);
+        }
+        self.renew_at = self.renew_at.min(now.mono_ms + ttl_ms / 2);
+        self.local_delta(applied.delta, applied.changes, now);
+        self.note_leases_shipped();
+        Ok(())
+    }
+}
