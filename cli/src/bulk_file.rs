@@ -47,8 +47,13 @@ pub struct Line {
 /// # Errors
 /// [`Fail::usage`] naming the file and the line, for the first bad one; nothing is sent.
 pub fn read(path: &Path) -> Result<Vec<Line>, Fail> {
-    let name = path.display().to_string();
-    let text = if name == "-" {
+    let stdin = path.as_os_str() == "-";
+    let name = if stdin {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let text = if stdin {
         std::io::read_to_string(std::io::stdin())
     } else {
         std::fs::read_to_string(path)
