@@ -707,25 +707,35 @@ impl Store {
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
                 meta.insert(K_STATE, bytes.as_slice()).map_err(|e| self.io(e))?;
                 let counter = replica.counter();
-                let reserved = meta
-                    .get(K_FLOOR)
-                    .map_err(|e| self.io(e))?
-                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                    .map_or(0, u64::from_le_bytes);
-                let floor = if exact {
-                    Some(counter)
-                } else if counter + COUNTER_RESERVE / 2 > reserved {
-                    Some(counter + COUNTER_RESERVE)
-                } else {
-                    None
-                };
-                if let Some(floor) = floor {
-                    meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
-                        .map_err(|e| self.io(e))?;
-                }
+                self.raise_floor(&mut meta, |reserved| {
+                    if exact {
+                        Some(counter)
+                    } else {
+                        (counter + COUNTER_RESERVE / 2 > reserved).then_some(counter + COUNTER_RESERVE)
+                    }
+                })?;
             }
             tx.commit().map_err(|e| self.io(e))
         })
+    }
+
+    /// Writes the counter floor `wanted` returns, given the one saved (0 when none); keeps
+    /// the saved one when it returns `None`.
+    fn raise_floor(
+        &self,
+        meta: &mut redb::Table<&str, &[u8]>,
+        wanted: impl FnOnce(u64) -> Option<u64>,
+    ) -> Result<(), StoreError> {
+        let reserved = meta
+            .get(K_FLOOR)
+            .map_err(|e| self.io(e))?
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map_or(0, u64::from_le_bytes);
+        if let Some(floor) = wanted(reserved) {
+            meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
+                .map_err(|e| self.io(e))?;
+        }
+        Ok(())
     }
 
     /// Saves an own registration (durable when this returns), and reserves counters
@@ -746,15 +756,9 @@ impl Store {
                 let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
                 removed.remove(k.as_str()).map_err(|e| self.io(e))?;
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-                let reserved = meta
-                    .get(K_FLOOR)
-                    .map_err(|e| self.io(e))?
-                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                    .map_or(0, u64::from_le_bytes);
-                if counter + COUNTER_RESERVE / 2 > reserved {
-                    meta.insert(K_FLOOR, (counter + COUNTER_RESERVE).to_le_bytes().as_slice())
-                        .map_err(|e| self.io(e))?;
-                }
+                self.raise_floor(&mut meta, |reserved| {
+                    (counter + COUNTER_RESERVE / 2 > reserved).then_some(counter + COUNTER_RESERVE)
+                })?;
             }
             tx.commit().map_err(|e| self.io(e))
         })

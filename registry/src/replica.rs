@@ -13,7 +13,7 @@ use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
 use crate::meta::Metadata;
 use crate::state::{Elided, JoinReport, RegKey, State};
-use crate::value::{validate_metadata, Endpoint, Lease, Registration};
+use crate::value::{Endpoint, Lease, Registration};
 
 mod bulk;
 
@@ -184,33 +184,14 @@ impl Replica {
         lease_ttl_ms: u64,
         now: Hlc,
     ) -> Result<Applied, InvalidInput> {
-        validate_metadata(&meta)?;
-        let lease = Lease::new(now, lease_ttl_ms)?;
-        let key = RegKey { service, provider };
-        let mut seen = self.state.reg_dots(&key);
-        let mut delta = State::new_delta();
-        let current = self.state.lease(self.id).and_then(|f| f.winner(|l| l.issued));
-        let lease_dot = match current {
-            // A lease issued after `now` (by a clock that ran ahead) is written again, at now.
-            Some((d, l)) if l.is_live(now.millis()) && l.issued <= now => d.clone(),
-            _ => {
-                let d = self.mint();
-                seen.extend(self.state.lease_dots(self.id));
-                seen.push(d.clone());
-                delta.insert_lease(self.id, d.clone(), lease);
-                d
-            }
-        };
-        let d = self.mint();
-        seen.push(d.clone());
-        let registration = Registration {
+        let item = NewRegistration {
+            service,
+            provider,
             endpoint,
             meta,
-            written: now,
-            lease_dot,
         };
-        delta.insert_reg(key, d, registration);
-        Ok(self.apply_own(delta.with_context(CausalContext::from_dots(seen)), now.millis()))
+        self.register_many(vec![item], lease_ttl_ms, now)
+            .map_err(|(_, e)| e)
     }
 
     /// Renews this node's lease: one small delta, whatever the number of its

@@ -1,8 +1,6 @@
 //! Own registrations written in bulk: one transaction (one commit, one fsync) for a batch.
 
-use redb::ReadableTable;
-
-use super::{OwnedRecord, Store, StoreError, K_FLOOR, META, OWNED, REMOVED};
+use super::{OwnedRecord, Store, StoreError, META, OWNED, REMOVED};
 
 impl Store {
     /// Saves own registrations and forgets `deletes` (keys, without remembering them as
@@ -39,15 +37,7 @@ impl Store {
                     owned.remove(k.as_str()).map_err(|e| self.io(e))?;
                 }
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-                let reserved = meta
-                    .get(K_FLOOR)
-                    .map_err(|e| self.io(e))?
-                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                    .map_or(0, u64::from_le_bytes);
-                if let Some(floor) = floor.filter(|f| *f > reserved) {
-                    meta.insert(K_FLOOR, floor.to_le_bytes().as_slice())
-                        .map_err(|e| self.io(e))?;
-                }
+                self.raise_floor(&mut meta, |reserved| floor.filter(|f| *f > reserved))?;
             }
             tx.commit().map_err(|e| self.io(e))
         })
