@@ -304,8 +304,8 @@ struct Peer {
     /// When we last sent it a full state (not again before the ack or a pause); monotonic
     /// ms, like every time kept for a timer.
     full_sent_at: Option<u64>,
-    /// Its last digest.
-    digest: Option<CausalContext>,
+    /// Its last digest (boxed: most peers, members never connected, have none).
+    digest: Option<Box<CausalContext>>,
     /// Its dial backoff, in monotonic time (saved in wall time).
     backoff: Backoff,
     dialing: bool,
@@ -445,7 +445,9 @@ pub struct Node {
     rng: SmallRng,
     buffer: DeltaBuffer,
     conns: BTreeMap<ConnId, Conn>,
-    peers: BTreeMap<ReplicaId, Peer>,
+    /// Every live member has an entry (its URL, to dial it again should it stop being
+    /// one), most of them never connected: boxed, so the map's nodes stay small.
+    peers: BTreeMap<ReplicaId, Box<Peer>>,
     seeds: BTreeMap<String, (Backoff, bool)>,
     owned: BTreeMap<(ServiceName, ProviderId), Owned>,
     /// Peers lost and not heard from since (see `liveness`).
@@ -1182,7 +1184,7 @@ impl Node {
                 self.refute(&theirs, now);
                 let ours = self.replica.context().clone();
                 let p = self.peers.entry(peer).or_default();
-                p.digest = Some(theirs.clone());
+                p.digest = Some(Box::new(theirs.clone()));
                 p.digest_sent_at = None;
                 if let Some(hash) = state {
                     self.adopt_equal(peer, &theirs, &ours, hash);

@@ -66,7 +66,7 @@ impl Node {
                     .peers
                     .get(&peer)
                     .filter(|p| p.adopted)
-                    .and_then(|p| p.digest.as_ref());
+                    .and_then(|p| p.digest.as_deref());
                 match self.buffer.since_for(a, peer, seen) {
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
                     // Everything since was learnt from the peer itself.
