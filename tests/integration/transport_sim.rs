@@ -542,9 +542,11 @@ fn connections_between_nodes_in_step_carry_no_registrations() {
     let seed = sim_seed("rotation_in_step");
     // A rotation every 30 s opens connections between nodes that hold the same 1,100
     // registrations: more than the delta buffer holds, and more than any acknowledgement
-    // from an earlier connection covers.
+    // from an earlier connection covers. Hour-long leases: no renewal sets them apart.
     let cfg = Config {
         rotate_interval_ms: 30_000,
+        member_lease_ttl_ms: 3_600_000,
+        lease_per_member_ms: 0,
         ..config()
     };
     let mut sim = Sim::new(10, cfg, Faults::NONE, seed);
@@ -592,8 +594,13 @@ fn connections_between_nodes_in_step_carry_no_registrations() {
         "too few rotations to tell: {:?} (seed {seed})",
         new("goodbye")
     );
-    // Each new connection costs a digest each way (the states hash alike), not an elided
-    // state nor the buffer's deltas.
+    // Each new connection opens with one message each way holding two hashes (the
+    // context's and the state's, which agree): not an elided state nor the buffer's deltas.
+    let (hashes, rotations) = (new("digest-hash").0, new("goodbye").0);
+    assert!(
+        hashes >= 2 * rotations,
+        "{hashes} hashes for {rotations} rotations (seed {seed})"
+    );
     assert_eq!(new("elided"), (0, 0), "elided states sent (seed {seed})");
     assert_eq!(
         new("delta"),

@@ -70,13 +70,18 @@ pub enum Message {
         /// Why, for the receiver's log.
         reason: String,
     },
-    /// A hash of the sender's causal context ([`context_hash`]): the periodic exchange. A
-    /// receiver whose own context hashes otherwise answers with its [`Message::Digest`];
-    /// one whose context is the same sends nothing. Sixteen bytes instead of a context of
-    /// one entry per node that ever wrote.
+    /// A hash of the sender's causal context ([`context_hash`]): the periodic exchange,
+    /// and the first word on a new connection. A receiver whose own context hashes
+    /// otherwise answers with its [`Message::Digest`]; one whose context is the same sends
+    /// nothing. Sixteen bytes instead of a context of one entry per node that ever wrote
+    /// (110 kB at 10,000 nodes).
     DigestHash {
         /// The hash.
         hash: [u8; 16],
+        /// On a new connection, the hash of the sender's whole state ([`state_hash`]): a
+        /// receiver whose own hashes both match takes the sender as up to date; one whose
+        /// state alone differs answers with its digest too.
+        state: Option<[u8; 16]>,
     },
     /// The sender lost its connection to `node` and suspects it dead: is the receiver
     /// connected to it? Answered with [`Message::ProbeAck`].
@@ -178,10 +183,12 @@ impl Message {
         }
     }
 
-    /// A digest-hash message for `ctx`.
-    pub fn digest_hash(ctx: &CausalContext) -> Self {
+    /// A digest-hash message for `ctx`; `state` the hash of the sender's state, on a new
+    /// connection.
+    pub fn digest_hash(ctx: &CausalContext, state: Option<[u8; 16]>) -> Self {
         Message::DigestHash {
             hash: context_hash(ctx),
+            state,
         }
     }
 

@@ -270,8 +270,14 @@ impl Node {
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
         p.last_seen_ms = now.wall_ms;
-        // Each side says what it has seen; the other answers with what is missing.
-        self.send_digest(peer.id, now);
+        // Each side says what it has seen, as hashes: the other answers with its digest when
+        // they differ, and the exchange goes on from there; nodes in step stop here.
+        let state = message::state_hash(self.replica.state());
+        self.send_to_peer(
+            peer.id,
+            Message::digest_hash(self.replica.context(), Some(state)),
+            now,
+        );
         self.note_leases_shipped();
         true
     }

@@ -1054,7 +1054,7 @@ impl Node {
         if self.digest_at <= mono {
             self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
             if let Some(p) = self.random_connected(1, None).pop() {
-                let hash = Message::digest_hash(self.replica.context());
+                let hash = Message::digest_hash(self.replica.context(), None);
                 self.send_to_peer(p, hash, now);
             }
         }
@@ -1270,11 +1270,7 @@ impl Node {
                 }
             }
             // The periodic exchange: a digest only when the contexts differ.
-            Message::DigestHash { hash } => {
-                if hash != message::context_hash(self.replica.context()) {
-                    self.send_digest(peer, now);
-                }
-            }
+            Message::DigestHash { hash, state } => self.on_digest_hash(peer, hash, state, now),
             Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
             Message::ProbeAck { node, connected } => self.on_probe_ack(node, connected),
             Message::Goodbye { .. } => {

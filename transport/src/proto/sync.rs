@@ -196,6 +196,36 @@ impl Node {
         if acked == Some(head) || theirs != ours || message::state_hash(self.replica.state()) != hash {
             return;
         }
+        self.in_step(peer, head);
+    }
+
+    /// A peer's hashes: of its context (the periodic exchange), and of its state on a new
+    /// connection. Any difference asks for its digest by sending ours; both the same make
+    /// it up to date, and its digest is taken to be ours (as it is).
+    pub(super) fn on_digest_hash(
+        &mut self,
+        peer: ReplicaId,
+        hash: [u8; 16],
+        state: Option<[u8; 16]>,
+        now: Now,
+    ) {
+        if hash != message::context_hash(self.replica.context()) {
+            return self.send_digest(peer, now);
+        }
+        let Some(state) = state else { return };
+        if state != message::state_hash(self.replica.state()) {
+            return self.send_digest(peer, now);
+        }
+        let head = self.buffer.head();
+        self.in_step(peer, head);
+        let ours = self.replica.context().clone();
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.digest = Some(Box::new(ours));
+        }
+    }
+
+    /// `peer` holds what we hold at `head`.
+    fn in_step(&mut self, peer: ReplicaId, head: u64) {
         self.counters.equal_states_adopted += 1;
         if let Some(p) = self.peers.get_mut(&peer) {
             p.acked = Some(head);
