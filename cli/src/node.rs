@@ -27,6 +27,20 @@ mod bulk;
 mod bulk_tests;
 #[cfg(test)]
 mod disk_tests;
+
+/// A node for the tests beside this file: on a free loopback port, over `dir`, without
+/// the crash-loop guard.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+async fn test_node(dir: &std::path::Path) -> Node {
+    Node::builder()
+        .listen("127.0.0.1:0")
+        .data_dir(dir)
+        .crash_guard(None)
+        .start()
+        .await
+        .unwrap()
+}
 mod unsaved;
 
 pub use bulk::MAX_BATCH_ITEMS;

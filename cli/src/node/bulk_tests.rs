@@ -3,19 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Error, Node, MAX_BATCH_ITEMS};
+use super::{test_node as start, Error, Node, MAX_BATCH_ITEMS};
 use crate::store::{fail_writes_in, StoreError};
 use crate::Service;
-
-async fn start(dir: &std::path::Path) -> Node {
-    Node::builder()
-        .listen("127.0.0.1:0")
-        .data_dir(dir)
-        .crash_guard(None)
-        .start()
-        .await
-        .unwrap()
-}
 
 fn web(n: usize) -> Vec<Service> {
     (0..n)

@@ -5,19 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{now_ms, Error, Event, Node};
+use super::{now_ms, test_node as start, Error, Event, Node};
 use crate::store::{fail_writes_in, Store, StoreError};
 use crate::Service;
-
-async fn start(dir: &std::path::Path) -> Node {
-    Node::builder()
-        .listen("127.0.0.1:0")
-        .data_dir(dir)
-        .crash_guard(None)
-        .start()
-        .await
-        .unwrap()
-}
 
 fn ids(node: &Node) -> Vec<String> {
     node.lookup("web").into_iter().map(|i| i.id).collect()
