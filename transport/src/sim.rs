@@ -682,22 +682,26 @@ impl Sim {
 
     /// A ping or pong arrives: a sign of life; a ping is answered.
     fn deliver_control(&mut self, to: ConnId, ping: bool) {
-        let Some(end) = self.ends.get(&to).copied() else {
-            return;
-        };
-        let from = self.ends.get(&end.other).map(|e| e.node);
-        if from.is_none_or(|f| self.machines[f].side != self.machines[end.node].side) {
-            return;
+        if self.arrive(to, CONTROL_FRAME_BYTES).is_some() && ping {
+            self.send_control(to, false);
+        }
+    }
+
+    /// `bytes` arrive at end `to`: counted, and a sign of life for its keepalive. `None`
+    /// (nothing counted) when the connection is gone or a partition lies across it.
+    fn arrive(&mut self, to: ConnId, bytes: u64) -> Option<End> {
+        let end = self.ends.get(&to).copied()?;
+        let from = self.ends.get(&end.other).map(|e| e.node)?;
+        if self.machines[from].side != self.machines[end.node].side {
+            return None;
         }
         let t = &mut self.machines[end.node].traffic;
         t.messages_received += 1;
-        t.bytes_received += CONTROL_FRAME_BYTES;
+        t.bytes_received += bytes;
         if let Some(k) = self.keepalives.as_mut() {
             k.heard(to, self.now_ms);
         }
-        if ping {
-            self.send_control(to, false);
-        }
+        Some(end)
     }
 
     /// Runs for `ms` more milliseconds of virtual time.
@@ -706,21 +710,9 @@ impl Sim {
     }
 
     fn deliver(&mut self, to: ConnId, envelope: Envelope, bytes: u64) {
-        let Some(end) = self.ends.get(&to).copied() else {
+        let Some(end) = self.arrive(to, bytes) else {
             return;
         };
-        let Some(from) = self.ends.get(&end.other).map(|e| e.node) else {
-            return;
-        };
-        if self.machines[from].side != self.machines[end.node].side {
-            return;
-        }
-        let t = &mut self.machines[end.node].traffic;
-        t.messages_received += 1;
-        t.bytes_received += bytes;
-        if let Some(k) = self.keepalives.as_mut() {
-            k.heard(to, self.now_ms);
-        }
         let now = self.now_of(end.node);
         if let Some(n) = self.machines[end.node].node.as_mut() {
             // A refusal closes the connection through the node's outputs.
