@@ -89,6 +89,27 @@ def main():
                 eager[u] += [v for v in adj[u] if hops[v] == hops[u] and rng.random() < share]
             return eager
 
+        def shared(most):
+            """The trees of another origin, links used both ways: one tree for every origin."""
+            other = rng.randrange(n)
+            far = [None] * n
+            far[other] = 0
+            q = deque([other])
+            while q:
+                u = q.popleft()
+                for v in adj[u]:
+                    if far[v] is None:
+                        far[v] = far[u] + 1
+                        q.append(v)
+            eager = [set() for _ in range(n)]
+            for v in range(n):
+                ps = [u for u in adj[v] if far[u] == far[v] - 1]
+                rng.shuffle(ps)
+                for u in ps[:most]:
+                    eager[u].add(v)
+                    eager[v].add(u)
+            return [sorted(e) for e in eager]
+
         strategies = {
             "flood": adj,
             "shortest-hop tree (1 parent)": parents_at_previous_hop(1),
@@ -96,6 +117,8 @@ def main():
             "every parent at the previous hop": parents_at_previous_hop(n),
             "those, and half the same-hop links": with_same_hop(0.5),
             "those, and every same-hop link": with_same_hop(1.0),
+            "one tree shared by every origin": shared(1),
+            "shared, 2 parents at the previous hop": shared(2),
         }
         for name, eager in strategies.items():
             for _ in range(draws):
