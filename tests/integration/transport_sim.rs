@@ -608,3 +608,53 @@ fn connections_between_nodes_in_step_carry_no_registrations() {
         "deltas with registrations sent (seed {seed})"
     );
 }
+
+#[test]
+fn a_stream_of_writes_is_pushed_at_the_push_rate_and_acknowledged_in_batches() {
+    let seed = sim_seed("paced_pushes");
+    let cfg = config();
+    let mut sim = Sim::new(3, cfg, Faults::NONE, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    sim.run_for(5_000);
+    let before = sim.traffic_by_kind().clone();
+    // One write a millisecond for two seconds: ten times the push rate.
+    let web = ServiceName::new("web").unwrap();
+    let p = ProviderId::new("w0").unwrap();
+    const WRITES: u64 = 2_000;
+    for i in 0..WRITES {
+        let ep = Endpoint::new("10.0.0.1", 80).unwrap();
+        let meta = [("seq", i.to_string())].into_iter().collect();
+        sim.with_node(0, |n, now| n.register(web.clone(), p.clone(), ep, meta, now))
+            .unwrap()
+            .unwrap();
+        sim.run_for(1);
+    }
+    sim.run_for(1_000);
+    let new = |kind: &str| {
+        let m = sim.traffic_by_kind().get(kind).map_or(0, |k| k.0);
+        m - before.get(kind).map_or(0, |k| k.0)
+    };
+    // Every node shows the last write.
+    for i in 0..3 {
+        let replica = sim.node(i).unwrap().replica();
+        let seen: Vec<_> = replica
+            .instances(&web, sim.now_ms())
+            .map(|x| x.registration.meta.get("seq").map(str::to_string))
+            .collect();
+        assert_eq!(seen, [Some((WRITES - 1).to_string())], "node {i} (seed {seed})");
+    }
+    // Three nodes, six directions of links; three seconds of pushes at most the rate
+    // (and a burst), acknowledgements at most one per delay per direction.
+    let secs = 3;
+    let pushes = u64::from(cfg.push_rate) * secs + u64::from(cfg.push_burst);
+    let acks = secs * 1_000 / cfg.ack_delay_ms + 1;
+    assert!(
+        new("delta") <= 6 * pushes,
+        "{} deltas (seed {seed})",
+        new("delta")
+    );
+    assert!(new("ack") <= 6 * acks, "{} acks (seed {seed})", new("ack"));
+}

@@ -1026,8 +1026,6 @@ enum End {
     Chunk(ChunkError),
     /// The peer sent something that is not a message.
     Malformed(String),
-    /// The peer sent frames faster than the rate limit.
-    RateLimited,
     /// The node task cut it (see [`Cut`]) or the shutdown deadline passed.
     Killed,
     /// Nothing arrived for this long (`dead_after`), pings unanswered: the peer or the path
@@ -1094,14 +1092,6 @@ async fn run<S>(
             bump(&c.malformed);
             (Some(close_frame(CloseCode::Protocol, e)), e.clone())
         }
-        End::RateLimited => {
-            bump(&c.rate_limited);
-            let r = format!(
-                "more than {} frames a second (burst {})",
-                limits.frames_per_second, limits.frame_burst
-            );
-            (Some(close_frame(CloseCode::Policy, &r)), r)
-        }
         End::Killed if shared.abort.is_cancelled() => (None, "the shutdown deadline passed".to_string()),
         End::Killed => {
             // The node task counted it when it cut.
@@ -1123,12 +1113,7 @@ async fn run<S>(
         }
     };
     match &end {
-        End::Oversize { .. }
-        | End::Chunk(_)
-        | End::Malformed(_)
-        | End::RateLimited
-        | End::Killed
-        | End::Dead(_) => {
+        End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::Killed | End::Dead(_) => {
             warn!(node, peer = %who, conn, "closed the connection: {reason}")
         }
         End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
@@ -1251,8 +1236,8 @@ where
                 .bytes_received
                 .fetch_add(b.len() as u64, Ordering::Relaxed);
         }
-        if !free && !bucket.take(Instant::now()) {
-            return End::RateLimited;
+        if !free {
+            throttle(&mut bucket, &shared.counts).await;
         }
         match msg {
             WsMessage::Binary(bytes) => match chunks.push(&bytes) {
@@ -1277,6 +1262,21 @@ where
                 return End::PeerClosed(f.map(|f| f.reason.to_string()).unwrap_or_default());
             }
             WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_) => {}
+        }
+    }
+}
+
+/// Takes a frame's token, waiting for one when the peer sends faster than the limit: the
+/// frames behind wait in TCP's buffers, and the peer's writes with them.
+async fn throttle(bucket: &mut TokenBucket, counts: &Counts) {
+    if bucket.take(Instant::now()) {
+        return;
+    }
+    bump(&counts.frames_throttled);
+    loop {
+        tokio::time::sleep(bucket.wait(Instant::now())).await;
+        if bucket.take(Instant::now()) {
+            return;
         }
     }
 }

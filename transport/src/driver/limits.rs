@@ -31,7 +31,9 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Frames a peer may send per second, on average. A chunked message counts once: its
     /// continuation chunks ride on the first chunk's token when they are at least half a
-    /// frame (or complete the message); smaller ones count as frames.
+    /// frame (or complete the message); smaller ones count as frames. A peer that sends
+    /// faster is read more slowly (back-pressure through TCP), not cut: its own send queue
+    /// then fills, and it is the one to decide its reader is too slow.
     pub frames_per_second: u32,
     /// Frames a peer may send in a burst above the average.
     pub frame_burst: u32,
@@ -163,8 +165,9 @@ pub struct DriverCounters {
     pub oversize_sent: u64,
     /// Messages that did not decode, broke the chunk format, and text frames.
     pub malformed: u64,
-    /// Connections cut for sending frames faster than the rate limit.
-    pub rate_limited: u64,
+    /// Frames read late because the peer sent faster than the rate limit: the connection
+    /// is slowed (its frames wait in TCP's buffers, so the peer's writes wait too), not cut.
+    pub frames_throttled: u64,
     /// Connections cut because the peer read too slowly (its send queue filled up, in
     /// messages or in bytes).
     pub slow_peers: u64,
@@ -201,7 +204,7 @@ pub(super) struct Counts {
     pub oversize: AtomicU64,
     pub oversize_sent: AtomicU64,
     pub malformed: AtomicU64,
-    pub rate_limited: AtomicU64,
+    pub frames_throttled: AtomicU64,
     pub slow_peers: AtomicU64,
     pub dial_failures: AtomicU64,
     pub peers_shed: AtomicU64,
@@ -233,7 +236,7 @@ impl Counts {
             oversize: g(&self.oversize),
             oversize_sent: g(&self.oversize_sent),
             malformed: g(&self.malformed),
-            rate_limited: g(&self.rate_limited),
+            frames_throttled: g(&self.frames_throttled),
             slow_peers: g(&self.slow_peers),
             dial_failures: g(&self.dial_failures),
             peers_shed: g(&self.peers_shed),
@@ -271,14 +274,25 @@ impl TokenBucket {
         }
     }
 
-    /// Takes one frame's token at `now`; `false` when the bucket is empty.
-    pub(super) fn take(&mut self, now: Instant) -> bool {
+    fn refill(&mut self, now: Instant) {
         let micros = u64::try_from(now.saturating_duration_since(self.last).as_micros()).unwrap_or(u64::MAX);
-        self.last = now;
+        self.last = self.last.max(now);
         self.tokens = self
             .tokens
             .saturating_add(micros.saturating_mul(self.rate))
             .min(self.cap);
+    }
+
+    /// How long from `now` until the bucket holds a frame's token (zero if it does).
+    pub(super) fn wait(&mut self, now: Instant) -> Duration {
+        self.refill(now);
+        let missing = UNIT.saturating_sub(self.tokens);
+        Duration::from_micros(missing.div_ceil(self.rate.max(1)))
+    }
+
+    /// Takes one frame's token at `now`; `false` when the bucket is empty.
+    pub(super) fn take(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= UNIT {
             self.tokens -= UNIT;
             true

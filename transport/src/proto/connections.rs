@@ -240,6 +240,7 @@ impl Node {
                 outbound,
                 opened_at: now.mono_ms,
                 seed: seed.map(str::to_string),
+                ack_owed: None,
             },
         );
         if let Some(reason) = refuse {

@@ -37,6 +37,7 @@ mod bulk;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
 mod liveness;
+mod pacing;
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
@@ -138,6 +139,15 @@ pub struct Config {
     /// The least time between two pushes: the first new delta after a quiet spell goes at
     /// once (after the input that made it), later ones wait to be batched into one push.
     pub push_delay_ms: u64,
+    /// The most pushes a second, on average (see `pacing`): writes that come faster travel
+    /// together, joined into one delta per push, so a peer's frame limit is never reached
+    /// by a burst of writes.
+    pub push_rate: u32,
+    /// Pushes that may go at once, after a quiet spell, above `push_rate`.
+    pub push_burst: u32,
+    /// How long an acknowledgement waits for the next deltas from the same connection, so
+    /// one acknowledges them all.
+    pub ack_delay_ms: u64,
     /// The most outbound connections.
     pub max_outbound: usize,
     /// The most inbound connections.
@@ -187,6 +197,9 @@ impl Default for Config {
             gossip_interval_ms: 1_000,
             digest_interval_ms: 30_000,
             push_delay_ms: 2,
+            push_rate: 100,
+            push_burst: 10,
+            ack_delay_ms: 20,
             max_outbound: 2,
             max_inbound: 64,
             rotate_interval_ms: 300_000,
@@ -291,6 +304,8 @@ struct Conn {
     opened_at: u64,
     /// The seed URL it was dialed as, if any.
     seed: Option<String>,
+    /// The last delta number received and not acknowledged yet (see `ack_delay_ms`).
+    ack_owed: Option<u64>,
 }
 
 /// What we know of another node.
@@ -455,6 +470,9 @@ pub struct Node {
     push_at: Option<u64>,
     /// When the last push went out (`None`: never).
     pushed_at: Option<u64>,
+    pacer: pacing::Pacer,
+    /// When the acknowledgements owed go out.
+    ack_at: Option<u64>,
     gossip_at: u64,
     digest_at: u64,
     renew_at: u64,
@@ -583,6 +601,8 @@ impl Node {
             suspects: BTreeMap::new(),
             push_at: None,
             pushed_at: None,
+            pacer: pacing::Pacer::new(cfg.push_rate, cfg.push_burst, mono),
+            ack_at: None,
             gossip_at,
             digest_at,
             renew_at: mono,
@@ -997,13 +1017,35 @@ impl Node {
         }
     }
 
-    /// Pushes are spaced `push_delay` apart: a delta after a quiet spell is due at once
-    /// (the push runs when the driver next asks for timeouts, so everything the current
-    /// input made goes in one message); one during a burst waits for the batch.
+    /// Pushes are spaced `push_delay` apart and paced to `push_rate`: a delta after a
+    /// quiet spell is due at once (the push runs when the driver next asks for timeouts,
+    /// so everything the current input made goes in one message); one during a burst
+    /// waits for the batch.
     fn schedule_push(&mut self, now: Now) {
         if self.push_at.is_none() {
             let spaced = self.pushed_at.map_or(now.mono_ms, |t| t + self.cfg.push_delay_ms);
-            self.push_at = Some(spaced.max(now.mono_ms));
+            let paced = self.pacer.next_at(now.mono_ms);
+            self.push_at = Some(spaced.max(paced).max(now.mono_ms));
+        }
+    }
+
+    /// Acknowledges delta `seq` from `conn` after `ack_delay_ms`, with whatever else
+    /// arrives on it meanwhile: one acknowledgement for a burst.
+    fn owe_ack(&mut self, conn: ConnId, seq: u64, now: Now) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.ack_owed = Some(c.ack_owed.map_or(seq, |s| s.max(seq)));
+            self.ack_at.get_or_insert(now.mono_ms + self.cfg.ack_delay_ms);
+        }
+    }
+
+    fn send_acks(&mut self, now: Now) {
+        let owed: Vec<(ConnId, u64)> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(id, c)| c.ack_owed.take().map(|seq| (*id, seq)))
+            .collect();
+        for (conn, seq) in owed {
+            self.send(conn, Message::Ack { seq }, now);
         }
     }
 
@@ -1024,6 +1066,9 @@ impl Node {
         if let Some(p) = self.push_at {
             t = t.min(p);
         }
+        if let Some(a) = self.ack_at {
+            t = t.min(a);
+        }
         if let Some(s) = self.next_suspicion_deadline() {
             t = t.min(s);
         }
@@ -1037,7 +1082,12 @@ impl Node {
         if self.push_at.is_some_and(|t| t <= mono) {
             self.push_at = None;
             self.pushed_at = Some(mono);
+            self.pacer.spend(mono);
             self.push(now);
+        }
+        if self.ack_at.is_some_and(|t| t <= mono) {
+            self.ack_at = None;
+            self.send_acks(now);
         }
         if self.renew_at <= mono {
             self.renew(now);
@@ -1222,7 +1272,7 @@ impl Node {
                 self.peers.entry(peer).or_default().digest_sent_at = None;
                 self.admit(&delta, now)?;
                 self.apply(peer, delta, now);
-                self.send(conn, Message::Ack { seq }, now);
+                self.owe_ack(conn, seq, now);
             }
             Message::Elided { seq, elided } => {
                 let elided = message::decode_elided(&elided)?;
@@ -1232,7 +1282,7 @@ impl Node {
                     Ok(full) => {
                         self.admit(&full, now)?;
                         self.apply(peer, full, now);
-                        self.send(conn, Message::Ack { seq }, now);
+                        self.owe_ack(conn, seq, now);
                     }
                     Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now),
                     Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
