@@ -612,7 +612,11 @@ fn connections_between_nodes_in_step_carry_no_registrations() {
 #[test]
 fn a_stream_of_writes_is_pushed_at_the_push_rate_and_acknowledged_in_batches() {
     let seed = sim_seed("paced_pushes");
-    let cfg = config();
+    let cfg = Config {
+        push_rate: 50,
+        push_burst: 5,
+        ..config()
+    };
     let mut sim = Sim::new(3, cfg, Faults::NONE, seed);
     assert!(
         settle(&mut sim, 60, Sim::converged).is_some(),
@@ -620,7 +624,7 @@ fn a_stream_of_writes_is_pushed_at_the_push_rate_and_acknowledged_in_batches() {
     );
     sim.run_for(5_000);
     let before = sim.traffic_by_kind().clone();
-    // One write a millisecond for two seconds: ten times the push rate.
+    // One write a millisecond for two seconds: twenty times the push rate.
     let web = ServiceName::new("web").unwrap();
     let p = ProviderId::new("w0").unwrap();
     const WRITES: u64 = 2_000;
