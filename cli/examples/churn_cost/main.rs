@@ -33,10 +33,10 @@
 //! `max-rate` runs one cluster at the first `N` and steps the rate up (`--rates`, default
 //! `100,200,500,1000,2000,5000,10000,20000,50000`), `--secs` each (default 10), first one
 //! `Register` per change, then `RegisterMany` batches of `--batch` (default 100). A step is
-//! sustained when the rate achieved is at least 95% of the rate asked, no request failed,
-//! every change was seen on every node, and the p99 lag is at most 50 ms; the highest such
-//! rate is printed, and the highest where every change (the max) was within 50 ms. Stepping
-//! stops at the first step not sustained.
+//! sustained when the rate achieved is at least 95% of the rate asked, no request failed
+//! and every change was seen on every node; stepping stops at the first step not
+//! sustained. Printed after each mode: the highest sustained rate whose p99 lag was at most
+//! 50 ms, the highest whose every lag (the max) was, and the highest sustained at any lag.
 //!
 //! The benchmark process (the driver and three watches) shares the machine with the agents:
 //! on a small machine its CPU is part of what the lags include.
@@ -53,6 +53,9 @@ use cluster::{bytes_sent, cpu_seconds, roster_binary, rss_mib, ticks_per_second,
 use drive::{drive, lags, preload, quantile, settle, watch_all, Load, Sent, Sightings};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The lag bar of `max-rate` (ms).
+const LAG_MS: f64 = 50.0;
 
 const USAGE: &str = "usage: churn_cost [max-rate] [--n 1000,10000] [--rate 100] [--secs 20] [--idle 5] [--batch 100] [--rates 100,200,...]";
 
@@ -181,7 +184,8 @@ fn line(n: usize, load: Load, sent: &Sent, seen: &Sightings, run: &Used) -> (Str
     let mut acks = sent.acks.clone();
     acks.sort_by(f64::total_cmp);
     let (ack50, a50) = (quantile(&acks, 0.5), quantile(&lags.writer, 0.5));
-    let achieved = acked / sent.took.as_secs_f64();
+    // On pace, the last request goes one interval before the end: count the whole window.
+    let achieved = acked / sent.took.as_secs_f64().max(load.secs);
     let (cpu_w, cpu_o) = run.cpu_ms(per);
     let (bytes, bytes_w) = run.bytes(per);
     let text = format!(
@@ -236,7 +240,8 @@ async fn max_rate(bin: &Path, args: &Args, ticks: f64) -> Result<(), Error> {
     let (cluster, seen) = loaded(bin, n).await?;
     let mut first = 1;
     for batch in [1, args.batch] {
-        let (mut best_p99, mut best_max) = (None, None);
+        // The highest rates sustained: at all, with p99 lag within 50 ms, with every lag.
+        let mut best = [None; 3];
         for &rate in &args.rates {
             let load = Load {
                 rate,
@@ -250,21 +255,20 @@ async fn max_rate(bin: &Path, args: &Args, ticks: f64) -> Result<(), Error> {
             let run = Used::between(&start, &usage(&cluster, ticks).await?);
             let (text, p99, max, sustained) = line(n, load, &sent, &seen, &run);
             println!("{text}");
-            if !sustained || p99 > 50.0 {
+            if !sustained {
                 break;
             }
-            // The every-change figure counts only while every step below it passed too.
-            if max <= 50.0 && best_max == best_p99 {
-                best_max = Some(rate);
+            for (b, ok) in best.iter_mut().zip([true, p99 <= LAG_MS, max <= LAG_MS]) {
+                *b = if ok { Some(rate) } else { *b };
             }
-            best_p99 = Some(rate);
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        let show = |r: Option<f64>| r.map_or("none of the rates".into(), |r| format!("{r}/s"));
+        let show = |r: Option<f64>| r.map_or("none".into(), |r| format!("{r}/s"));
         println!(
-            "max sustained, batch={batch}: {} with p99 lag <= 50 ms; {} with every change <= 50 ms",
-            show(best_p99),
-            show(best_max)
+            "max rate, batch={batch}: {} with p99 lag <= {LAG_MS} ms; {} with every lag <= {LAG_MS} ms; {} sustained at any lag",
+            show(best[1]),
+            show(best[2]),
+            show(best[0]),
         );
     }
     Ok(())
