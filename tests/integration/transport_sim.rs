@@ -539,7 +539,17 @@ fn an_idle_cluster_compares_digest_hashes_not_digests() {
 
 #[test]
 fn connections_between_nodes_in_step_carry_no_registrations() {
-    let seed = sim_seed("rotation_in_step");
+    rotations_between_nodes_in_step(sim_seed("rotation_in_step"));
+}
+
+/// A seed on which a node that learnt out of band asked its peers in step for their
+/// digests every repair round (25 digests in the window), before such peers answered.
+#[test]
+fn regression_a_peer_in_step_answers_a_digest_that_asks() {
+    rotations_between_nodes_in_step(1_796_106_317_189_446_934);
+}
+
+fn rotations_between_nodes_in_step(seed: u64) {
     // A rotation every 30 s opens connections between nodes that hold the same 1,100
     // registrations: more than the delta buffer holds, and more than any acknowledgement
     // from an earlier connection covers. Hour-long leases: no renewal sets them apart.
@@ -602,6 +612,9 @@ fn connections_between_nodes_in_step_carry_no_registrations() {
         "{hashes} hashes for {rotations} rotations (seed {seed})"
     );
     assert_eq!(new("elided"), (0, 0), "elided states sent (seed {seed})");
+    // Nor a digest: one that asks (a node that learnt out of band asks every peer) gets
+    // the hashes back from a peer in step, or it would ask again every repair round.
+    assert_eq!(new("digest"), (0, 0), "digests sent (seed {seed})");
     assert_eq!(
         new("delta"),
         (0, 0),

@@ -1236,8 +1236,12 @@ impl Node {
                 let p = self.peers.entry(peer).or_default();
                 p.digest = Some(Box::new(theirs.clone()));
                 p.digest_sent_at = None;
+                // A digest that asks, from a peer in step: answer with the hashes, or it
+                // would ask again every repair round (see `on_digest_hash`).
                 if let Some(hash) = state {
-                    self.adopt_equal(peer, &theirs, &ours, hash);
+                    if self.adopt_equal(peer, &theirs, &ours, hash) && !reply {
+                        self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
+                    }
                 }
                 if !theirs.includes(&ours) {
                     // They lack something: from the buffer if it covers them, else in full.

@@ -180,28 +180,37 @@ impl Node {
     }
 
     /// A peer whose state hash (sent with its digest) equals ours holds exactly what we
-    /// hold: take our head as its acknowledgement. A connection between two nodes in step,
-    /// say a rotation's, then costs a digest each way. Before, it cost an elided state (an
-    /// entry per registration) once this process had buffered more deltas than its buffer
-    /// holds, or every delta since an old acknowledgement from an earlier connection.
+    /// hold: take our head as its acknowledgement, and say whether it does. A connection
+    /// between two nodes in step, say a rotation's, then costs a digest each way. Before,
+    /// it cost an elided state (an entry per registration) once this process had buffered
+    /// more deltas than its buffer holds, or every delta since an old acknowledgement from
+    /// an earlier connection.
     pub(super) fn adopt_equal(
         &mut self,
         peer: ReplicaId,
         theirs: &CausalContext,
         ours: &CausalContext,
         hash: [u8; 16],
-    ) {
-        let head = self.buffer.head();
-        let acked = self.peers.get(&peer).and_then(|p| p.acked);
-        if acked == Some(head) || theirs != ours || message::state_hash(self.replica.state()) != hash {
-            return;
+    ) -> bool {
+        if theirs != ours || message::state_hash(self.replica.state()) != hash {
+            return false;
         }
-        self.in_step(peer, head);
+        let head = self.buffer.head();
+        if self.peers.get(&peer).and_then(|p| p.acked) != Some(head) {
+            self.in_step(peer, head);
+        }
+        true
     }
 
     /// A peer's hashes: of its context (the periodic exchange), and of its state on a new
     /// connection. Any difference asks for its digest by sending ours; both the same make
     /// it up to date, and its digest is taken to be ours (as it is).
+    ///
+    /// Hashes with the state's, arriving while a digest of ours waits for an answer, are
+    /// that answer (a peer in step answers an asking digest so): they end the exchange
+    /// whatever they say. Equal, the peer is up to date; different, something changed on
+    /// one side since, which pushes and the next repair round carry. Asking again on a
+    /// difference would let two nodes under churn bounce digests back and forth.
     pub(super) fn on_digest_hash(
         &mut self,
         peer: ReplicaId,
@@ -209,12 +218,17 @@ impl Node {
         state: Option<[u8; 16]>,
         now: Now,
     ) {
-        if hash != message::context_hash(self.replica.context()) {
-            return self.send_digest(peer, now);
+        let answer = state.is_some() && self.peers.get(&peer).is_some_and(|p| p.digest_sent_at.is_some());
+        if answer {
+            self.peers.entry(peer).or_default().digest_sent_at = None;
         }
-        let Some(state) = state else { return };
-        if state != message::state_hash(self.replica.state()) {
-            return self.send_digest(peer, now);
+        let differs = hash != message::context_hash(self.replica.context())
+            || state.is_some_and(|s| s != message::state_hash(self.replica.state()));
+        if differs && !answer {
+            self.send_digest(peer, now);
+        }
+        if differs || state.is_none() {
+            return;
         }
         let head = self.buffer.head();
         self.in_step(peer, head);
