@@ -61,6 +61,19 @@ impl<V> DotFun<V> {
         self.0.len() != before
     }
 
+    /// This function without the dots `their_ctx` has seen, or `None` if it has seen none
+    /// (the join rule for our side of a key the other side does not store).
+    pub(crate) fn without_seen(&self, their_ctx: &CausalContext) -> Option<Self>
+    where
+        V: Clone,
+    {
+        if !self.dots().any(|d| their_ctx.contains(d)) {
+            return None;
+        }
+        let kept = self.0.iter().filter(|(d, _)| !their_ctx.contains(d)).cloned();
+        Some(Self::from_vec(kept.collect()))
+    }
+
     /// Gives back spare capacity (after a join, which may have removed dots).
     pub(crate) fn shrink(&mut self) {
         self.0.shrink_to_fit();

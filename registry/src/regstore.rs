@@ -7,28 +7,34 @@
 //! looked at are all of them (nearly always), so it scans the store only when they are not.
 //! A count per writer costs a few bytes per node; a full (writer, key) index would cost
 //! about 60 per registration.
+//!
+//! Both maps are persistent (`rpds` red-black trees): a clone shares every node, and a
+//! change copies only the path to what it changes, so a snapshot costs `O(1)` and the
+//! writes after it `O(log n)` each (see "Reads and watches" in docs/design.md).
 
-use std::collections::{BTreeMap, HashMap};
-
-use rustc_hash::FxBuildHasher;
 use std::ops::Deref;
+
+use rpds::RedBlackTreeMapSync;
 
 use crate::dotfun::DotFun;
 use crate::id::ReplicaId;
 use crate::state::RegKey;
 use crate::value::Registration;
 
-type Counts = HashMap<ReplicaId, u32, FxBuildHasher>;
+/// The registrations by key, as stored.
+pub(crate) type RegMap = RedBlackTreeMapSync<RegKey, DotFun<Registration>>;
+
+type Counts = RedBlackTreeMapSync<ReplicaId, u32>;
 
 /// Registrations by `(service, provider)`, with how many hold a write of each node.
 #[derive(Clone, Default)]
 pub(crate) struct RegStore {
-    map: BTreeMap<RegKey, DotFun<Registration>>,
+    map: RegMap,
     per_writer: Counts,
 }
 
 impl Deref for RegStore {
-    type Target = BTreeMap<RegKey, DotFun<Registration>>;
+    type Target = RegMap;
     fn deref(&self) -> &Self::Target {
         &self.map
     }
@@ -48,8 +54,8 @@ impl std::fmt::Debug for RegStore {
     }
 }
 
-impl From<BTreeMap<RegKey, DotFun<Registration>>> for RegStore {
-    fn from(map: BTreeMap<RegKey, DotFun<Registration>>) -> Self {
+impl From<RegMap> for RegStore {
+    fn from(map: RegMap) -> Self {
         let mut per_writer = Counts::default();
         for f in map.values() {
             count(&mut per_writer, f, 1);
@@ -58,11 +64,11 @@ impl From<BTreeMap<RegKey, DotFun<Registration>>> for RegStore {
     }
 }
 
-impl IntoIterator for RegStore {
-    type Item = (RegKey, DotFun<Registration>);
-    type IntoIter = std::collections::btree_map::IntoIter<RegKey, DotFun<Registration>>;
+impl<'a> IntoIterator for &'a RegStore {
+    type Item = (&'a RegKey, &'a DotFun<Registration>);
+    type IntoIter = <&'a RegMap as IntoIterator>::IntoIter;
     fn into_iter(self) -> Self::IntoIter {
-        self.map.into_iter()
+        self.map.iter()
     }
 }
 
@@ -79,10 +85,11 @@ fn writers(f: &DotFun<Registration>) -> impl Iterator<Item = ReplicaId> + '_ {
 /// Adds (`by` 1) or takes away (`by` -1) the writers of `f` to or from the counts.
 fn count(counts: &mut Counts, f: &DotFun<Registration>, by: i32) {
     for w in writers(f) {
-        let n = counts.entry(w).or_default();
-        *n = n.saturating_add_signed(by);
-        if *n == 0 {
-            counts.remove(&w);
+        let n = counts.get(&w).copied().unwrap_or(0).saturating_add_signed(by);
+        if n == 0 {
+            counts.remove_mut(&w);
+        } else {
+            counts.insert_mut(w, n);
         }
     }
 }
@@ -100,11 +107,13 @@ impl RegStore {
         k: &RegKey,
         op: impl FnOnce(&mut DotFun<Registration>) -> R,
     ) -> Option<R> {
+        // Looked up first: `get_mut` copies the path to a missing key too.
+        let old = self.map.get(k)?;
+        count(&mut self.per_writer, old, -1);
         let f = self.map.get_mut(k)?;
-        count(&mut self.per_writer, f, -1);
         let r = op(f);
         if f.is_empty() {
-            self.map.remove(k);
+            self.map.remove_mut(k);
         } else {
             count(&mut self.per_writer, f, 1);
         }
@@ -113,34 +122,30 @@ impl RegStore {
 
     pub(crate) fn insert(&mut self, k: RegKey, f: DotFun<Registration>) {
         count(&mut self.per_writer, &f, 1);
-        if let Some(old) = self.map.insert(k, f) {
-            count(&mut self.per_writer, &old, -1);
+        if let Some(old) = self.map.get(&k) {
+            count(&mut self.per_writer, old, -1);
         }
+        self.map.insert_mut(k, f);
     }
 
-    /// Runs `op` on every registration, dropping those it empties.
-    pub(crate) fn update_all(&mut self, mut op: impl FnMut(&RegKey, &mut DotFun<Registration>)) {
-        let per_writer = &mut self.per_writer;
-        self.map.retain(|k, f| {
-            count(per_writer, f, -1);
-            op(k, f);
-            count(per_writer, f, 1);
-            !f.is_empty()
-        });
-    }
-
-    /// The map, for encoding.
-    pub(crate) fn map(&self) -> &BTreeMap<RegKey, DotFun<Registration>> {
-        &self.map
+    /// Replaces every registration for which `op` gives a replacement, dropping those it
+    /// replaces with an empty one. The others are left shared with earlier clones.
+    pub(crate) fn replace_all(
+        &mut self,
+        op: impl FnMut(&RegKey, &DotFun<Registration>) -> Option<DotFun<Registration>>,
+    ) {
+        for (k, f) in replacements(self.map.iter(), op) {
+            self.update(&k, |old| *old = f);
+        }
     }
 }
 
-impl<'a> IntoIterator for &'a RegStore {
-    type Item = (&'a RegKey, &'a DotFun<Registration>);
-    type IntoIter = std::collections::btree_map::Iter<'a, RegKey, DotFun<Registration>>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.map.iter()
-    }
+/// The replacements `op` gives for the functions of a map.
+pub(crate) fn replacements<'a, K: Clone + 'a, V: 'a>(
+    map: impl Iterator<Item = (&'a K, &'a DotFun<V>)>,
+    mut op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>,
+) -> Vec<(K, DotFun<V>)> {
+    map.filter_map(|(k, f)| Some((k.clone(), op(k, f)?))).collect()
 }
 
 #[cfg(test)]
@@ -177,15 +182,18 @@ mod tests {
             f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(b, 1)]), None)
         });
         assert_eq!((s.count_of(a), s.count_of(b)), (2, 0));
-        s.update_all(|_, f| {
-            f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(a, 2)]), None);
-        });
-        assert_eq!(s.len(), 1);
+        let before = s.clone();
+        s.replace_all(|_, f| f.without_seen(&crate::CausalContext::from_dots([dot(a, 2)])));
+        assert_eq!(s.size(), 1);
         assert_eq!(s.count_of(a), 1);
         s.update(&key("x"), |f| {
             f.retain_unseen_or_stored(&crate::CausalContext::from_dots([dot(a, 1)]), None)
         });
         assert_eq!(s.count_of(a), 0);
         assert!(s.per_writer.is_empty());
+        // The clone taken before shares what did not change and kept what did.
+        assert_eq!(before.size(), 2);
+        assert_eq!((before.count_of(a), before.count_of(b)), (2, 0));
+        assert_eq!(before.get(&key("y")).map(|f| f.dots().count()), Some(1));
     }
 }

@@ -11,17 +11,17 @@
 //! [`State::join`]. Join keeps a dot when both sides have it, or when one side has it and
 //! the other side's context has never seen it; a dot seen and no longer stored is a removal.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
+use rpds::HashTrieMapSync;
 use rustc_hash::FxBuildHasher;
-
 use serde::{Deserialize, Serialize};
 
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::{ConflictingDot, ElidedError, InvalidState, MissingValue};
 use crate::id::{Dot, ProviderId, ReplicaId, ServiceName};
-use crate::regstore::RegStore;
+use crate::regstore::{replacements, RegMap, RegStore};
 use crate::value::{Lease, Registration};
 
 /// The key of a registration: which provider offers which service.
@@ -57,8 +57,9 @@ pub struct State {
 }
 
 /// The leases, by node. A hash map: every read of an instance looks its writer's lease up,
-/// and order matters only when encoding (which sorts).
-pub(crate) type LeaseMap = HashMap<ReplicaId, DotFun<Lease>, FxBuildHasher>;
+/// and order matters only when encoding (which sorts). Persistent, like the registrations,
+/// so a snapshot shares it.
+pub(crate) type LeaseMap = HashTrieMapSync<ReplicaId, DotFun<Lease>, FxBuildHasher>;
 
 impl PartialEq for State {
     fn eq(&self, other: &Self) -> bool {
@@ -71,7 +72,7 @@ impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("regs", &self.regs)
-            .field("leases", &self.leases)
+            .field("leases", &self.leases.iter().collect::<BTreeMap<_, _>>())
             .field("ctx", &self.ctx)
             .finish()
     }
@@ -96,16 +97,16 @@ impl JoinReport {
 }
 
 /// A map from keys to dot functions: the registrations ([`RegStore`], which counts their
-/// writers) or the `HashMap` of leases. Every change goes through `update`, `insert_fun`
-/// and `update_all`, so a map can keep an index in step.
-trait FunMap<K: 'static, V: 'static>: IntoIterator<Item = (K, DotFun<V>)> {
+/// writers) or the leases. Every change goes through `update`, `insert_fun` and
+/// `replace_all`, so a map can keep an index in step.
+trait FunMap<K: 'static, V: 'static> {
     /// Runs `op` on the function under `k` and drops it if `op` empties it; `None` when
     /// there is none.
     fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R>;
     fn insert_fun(&mut self, k: K, f: DotFun<V>);
-    fn keys_of(&self) -> impl Iterator<Item = &K>;
-    /// Runs `op` on every function and drops those it empties.
-    fn update_all(&mut self, op: impl FnMut(&K, &mut DotFun<V>));
+    fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)>;
+    /// Replaces every function for which `op` gives a replacement, dropping the empty ones.
+    fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>);
 }
 
 impl FunMap<RegKey, Registration> for RegStore {
@@ -115,44 +116,57 @@ impl FunMap<RegKey, Registration> for RegStore {
     fn insert_fun(&mut self, k: RegKey, f: DotFun<Registration>) {
         self.insert(k, f);
     }
-    fn keys_of(&self) -> impl Iterator<Item = &RegKey> {
-        self.keys()
+    fn funs(&self) -> impl Iterator<Item = (&RegKey, &DotFun<Registration>)> {
+        self.iter()
     }
-    fn update_all(&mut self, op: impl FnMut(&RegKey, &mut DotFun<Registration>)) {
-        RegStore::update_all(self, op);
+    fn replace_all(
+        &mut self,
+        op: impl FnMut(&RegKey, &DotFun<Registration>) -> Option<DotFun<Registration>>,
+    ) {
+        RegStore::replace_all(self, op);
     }
 }
-impl<K: std::hash::Hash + Eq + 'static, V: 'static, S: std::hash::BuildHasher> FunMap<K, V>
-    for HashMap<K, DotFun<V>, S>
+impl<K, V, S> FunMap<K, V> for HashTrieMapSync<K, DotFun<V>, S>
+where
+    K: std::hash::Hash + Eq + Clone + 'static,
+    V: Clone + 'static,
+    S: std::hash::BuildHasher + Clone,
 {
     fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R> {
+        // Looked up first: `get_mut` copies the path to a missing key too.
+        if !self.contains_key(k) {
+            return None;
+        }
         let f = self.get_mut(k)?;
         let r = op(f);
         if f.is_empty() {
-            self.remove(k);
+            self.remove_mut(k);
         }
         Some(r)
     }
     fn insert_fun(&mut self, k: K, f: DotFun<V>) {
-        self.insert(k, f);
+        self.insert_mut(k, f);
     }
-    fn keys_of(&self) -> impl Iterator<Item = &K> {
-        self.keys()
+    fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)> {
+        self.iter()
     }
-    fn update_all(&mut self, mut op: impl FnMut(&K, &mut DotFun<V>)) {
-        self.retain(|k, f| {
-            op(k, f);
-            !f.is_empty()
-        });
+    fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>) {
+        for (k, f) in replacements(self.iter(), op) {
+            if f.is_empty() {
+                self.remove_mut(&k);
+            } else {
+                self.insert_mut(k, f);
+            }
+        }
     }
 }
 
 /// Joins one store (registrations or leases): first every key the other side stores, then
 /// the keys its context may reach into: the ones it names (`touched`) or, for a full state,
 /// all of ours. Returns the keys that changed.
-fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
+fn join_store<K: Ord + Clone + 'static, V: Clone + 'static, M: FunMap<K, V>>(
     mine: &mut M,
-    theirs: M,
+    theirs: &M,
     touched: Option<&BTreeSet<K>>,
     my_ctx: &CausalContext,
     their_ctx: &CausalContext,
@@ -160,10 +174,10 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
     let mut changed = BTreeSet::new();
     // The keys `other` stores are joined with their dots first; the touched keys and (for a
     // full state) our other keys only lose what `other` removed.
-    let their_keys: BTreeSet<K> = theirs.keys_of().cloned().collect();
-    for (k, f) in theirs {
-        if join_key(mine, &k, Some(f), my_ctx, their_ctx) {
-            changed.insert(k);
+    let their_keys: BTreeSet<K> = theirs.funs().map(|(k, _)| k.clone()).collect();
+    for (k, f) in theirs.funs() {
+        if join_key(mine, k, Some(f), my_ctx, their_ctx) {
+            changed.insert(k.clone());
         }
     }
     match touched {
@@ -174,11 +188,13 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
                 }
             }
         }
-        None => mine.update_all(|k, f| {
-            if !their_keys.contains(k) && f.retain_unseen_or_stored(their_ctx, None) {
-                f.shrink();
-                changed.insert(k.clone());
+        None => mine.replace_all(|k, f| {
+            if their_keys.contains(k) {
+                return None;
             }
+            let kept = f.without_seen(their_ctx)?;
+            changed.insert(k.clone());
+            Some(kept)
         }),
     }
     changed
@@ -186,20 +202,20 @@ fn join_store<K: Ord + Clone + 'static, V: 'static, M: FunMap<K, V>>(
 
 /// Joins one key: keeps our dots that `other` stores too or has never seen, adds theirs that
 /// we have never seen, and drops the key if it empties. Returns whether anything changed.
-fn join_key<K: Clone + 'static, V: 'static>(
+fn join_key<K: Clone + 'static, V: Clone + 'static>(
     map: &mut impl FunMap<K, V>,
     k: &K,
-    theirs: Option<DotFun<V>>,
+    theirs: Option<&DotFun<V>>,
     my_ctx: &CausalContext,
     their_ctx: &CausalContext,
 ) -> bool {
     let mut theirs = Some(theirs);
     let joined = map.update(k, |mine| {
         let theirs = theirs.take().flatten();
-        let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs.as_ref());
-        for (d, v) in theirs.into_iter().flat_map(DotFun::into_iter) {
-            if !my_ctx.contains(&d) {
-                changed |= mine.insert(d, v);
+        let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs);
+        for (d, v) in theirs.into_iter().flat_map(DotFun::iter) {
+            if !my_ctx.contains(d) {
+                changed |= mine.insert(d.clone(), v.clone());
             }
         }
         if changed {
@@ -213,8 +229,9 @@ fn join_key<K: Clone + 'static, V: 'static>(
             let theirs = theirs.take().flatten();
             let new: Vec<(Dot, V)> = theirs
                 .into_iter()
-                .flat_map(DotFun::into_iter)
+                .flat_map(DotFun::iter)
                 .filter(|(d, _)| !my_ctx.contains(d))
+                .map(|(d, v)| (d.clone(), v.clone()))
                 .collect();
             if new.is_empty() {
                 return false;
@@ -257,12 +274,12 @@ impl State {
 
     /// How many registrations (keys) the store holds, live or not.
     pub fn registration_count(&self) -> usize {
-        self.regs.len()
+        self.regs.size()
     }
 
     /// How many provider leases the store holds, live or not.
     pub fn lease_count(&self) -> usize {
-        self.leases.len()
+        self.leases.size()
     }
 
     /// How many dots the store holds.
@@ -330,14 +347,15 @@ impl State {
 
     /// Inserts a dot into a node's lease; the caller guarantees the dot is new.
     pub(crate) fn insert_lease(&mut self, node: ReplicaId, d: Dot, v: Lease) {
-        match self.leases.get_mut(&node) {
+        let f = match self.leases.get(&node) {
             Some(f) => {
+                let mut f = f.clone();
                 f.insert(d, v);
+                f
             }
-            None => {
-                self.leases.insert(node, DotFun::single(d, v));
-            }
-        }
+            None => DotFun::single(d, v),
+        };
+        self.leases.insert_mut(node, f);
     }
 
     /// Joins `other` into this state: the least upper bound of the two.
@@ -363,19 +381,17 @@ impl State {
             (None, _) => {}
         }
         let (my_ctx, their_ctx) = (&self.ctx, &other.ctx);
-        let their_regs = std::mem::take(&mut other.regs);
-        let their_leases = std::mem::take(&mut other.leases);
         let touched = their_touched.as_ref();
         report.regs = join_store(
             &mut self.regs,
-            their_regs,
+            &other.regs,
             touched.map(|t| &t.regs),
             my_ctx,
             their_ctx,
         );
         report.leases = join_store(
             &mut self.leases,
-            their_leases,
+            &other.leases,
             touched.map(|t| &t.leases),
             my_ctx,
             their_ctx,
@@ -394,7 +410,7 @@ impl State {
 
     /// Builds a state from decoded parts, checking every invariant.
     pub(crate) fn from_parts(
-        regs: BTreeMap<RegKey, DotFun<Registration>>,
+        regs: RegMap,
         leases: LeaseMap,
         ctx: CausalContext,
         touched: Option<Touched>,
@@ -416,7 +432,7 @@ impl State {
             }
             Ok(())
         };
-        for (key, f) in &regs {
+        for (key, f) in regs.iter() {
             if f.is_empty() || !f.is_sorted_unique() {
                 return Err(InvalidState::EmptyEntry(format!(
                     "{}/{}",
@@ -428,7 +444,7 @@ impl State {
                 check(d)?;
             }
         }
-        for (node, f) in &leases {
+        for (node, f) in leases.iter() {
             if f.is_empty() || !f.is_sorted_unique() {
                 return Err(InvalidState::EmptyEntry(format!("lease of {node}")));
             }
@@ -709,7 +725,7 @@ impl Elided {
     /// [`ElidedError::Missing`] when a left-out dot was never seen by `local`: the sender worked from
     /// a digest we no longer match. Nothing is changed; ask for a full state.
     pub fn into_state(self, local: &State) -> Result<State, ElidedError> {
-        let mut regs = BTreeMap::new();
+        let mut regs = RegMap::default();
         for (key, pairs) in self.regs {
             let mut f: Vec<(Dot, Registration)> = Vec::with_capacity(pairs.len());
             for (d, v) in pairs {
@@ -724,7 +740,7 @@ impl Elided {
                 f.push((d, v));
             }
             if !f.is_empty() {
-                regs.insert(key, DotFun::from_vec(f));
+                regs.insert_mut(key, DotFun::from_vec(f));
             }
         }
         let mut leases = LeaseMap::default();
@@ -742,7 +758,7 @@ impl Elided {
                 f.push((d, v));
             }
             if !f.is_empty() {
-                leases.insert(p, DotFun::from_vec(f));
+                leases.insert_mut(p, DotFun::from_vec(f));
             }
         }
         Ok(State::from_parts(regs, leases, self.ctx, None)?)
@@ -770,7 +786,7 @@ impl Elided {
 /// (only those outside its store; the store's own keys are implied).
 #[derive(Serialize)]
 pub(crate) struct WireRef<'a> {
-    pub(crate) regs: &'a BTreeMap<RegKey, DotFun<Registration>>,
+    pub(crate) regs: &'a RegMap,
     pub(crate) leases: BTreeMap<&'a ReplicaId, &'a DotFun<Lease>>,
     pub(crate) ctx: &'a CausalContext,
     pub(crate) touched: Option<Touched>,
@@ -779,7 +795,7 @@ pub(crate) struct WireRef<'a> {
 /// The decoded shape of a state, before its invariants are checked.
 #[derive(Deserialize)]
 pub(crate) struct Wire {
-    pub(crate) regs: BTreeMap<RegKey, DotFun<Registration>>,
+    pub(crate) regs: RegMap,
     pub(crate) leases: BTreeMap<ReplicaId, DotFun<Lease>>,
     pub(crate) ctx: CausalContext,
     pub(crate) touched: Option<Touched>,
@@ -802,7 +818,7 @@ impl State {
                 .collect(),
         });
         WireRef {
-            regs: self.regs.map(),
+            regs: &self.regs,
             leases: self.leases.iter().collect(),
             ctx: &self.ctx,
             touched,
@@ -817,17 +833,17 @@ pub(crate) mod legacy {
 
     use serde::Deserialize;
 
-    use super::{LeaseMap, RegKey, State};
+    use super::{LeaseMap, RegKey, RegMap, State};
     use crate::context::CausalContext;
     use crate::dotfun::DotFun;
     use crate::error::InvalidState;
     use crate::id::{Dot, ProviderId};
-    use crate::value::{Lease, Registration};
+    use crate::value::Lease;
 
     /// A format-1 state: one lease per provider.
     #[derive(Deserialize)]
     pub(crate) struct WireV1 {
-        regs: BTreeMap<RegKey, DotFun<Registration>>,
+        regs: RegMap,
         leases: BTreeMap<ProviderId, DotFun<Lease>>,
         ctx: CausalContext,
         #[allow(dead_code)] // read to consume its bytes; a converted state names no keys
@@ -859,7 +875,7 @@ pub(crate) mod legacy {
             for (node, mut pairs) in by_node {
                 pairs.sort_by(|a, b| a.0.cmp(&b.0));
                 pairs.dedup_by(|a, b| a.0 == b.0);
-                leases.insert(node, DotFun::from_vec(pairs));
+                leases.insert_mut(node, DotFun::from_vec(pairs));
             }
             State::from_parts(self.regs, leases, self.ctx, None)
         }
@@ -899,7 +915,7 @@ mod tests {
         let lease = crate::Lease::new(Hlc::new(5, 0), 1_000).unwrap();
         let forged = crate::id::dot(ReplicaId(2), 1);
         let mut leases = super::LeaseMap::default();
-        leases.insert(ReplicaId(1), super::DotFun::single(forged.clone(), lease));
+        leases.insert_mut(ReplicaId(1), super::DotFun::single(forged.clone(), lease));
         let ctx = crate::CausalContext::from_dots([forged]);
         let err = super::State::from_parts(Default::default(), leases, ctx, None).unwrap_err();
         assert!(

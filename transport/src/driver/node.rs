@@ -23,8 +23,8 @@ use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
 /// The least time between two published replica snapshots, so a burst of deltas costs
 /// one copy, not one per delta. A handle's own writes are published at once.
 const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(10);
-/// Snapshots of a large replica are spaced further: copying may take at most a tenth of
-/// the node task's time.
+/// Snapshots are spaced further if copying is slow: it may take at most a tenth of the
+/// node task's time. (A copy shares the replica's maps, so it costs microseconds.)
 const SNAPSHOT_COST_FACTOR: u32 = 10;
 /// The longest the node task sleeps without asking the state machine again.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
