@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{Endpoint, ProviderId, ServiceName};
-use roster_transport::proto::Config;
+use roster_transport::proto::{Config, OwnedRegistration};
 use roster_transport::sim::{Faults, Sim};
 
 use crate::support::sim_seed;
@@ -674,4 +674,56 @@ fn a_stream_of_writes_is_pushed_at_the_push_rate_and_acknowledged_in_batches() {
         new("delta")
     );
     assert!(new("ack") <= 6 * acks, "{} acks (seed {seed})", new("ack"));
+}
+
+#[test]
+fn deltas_joined_past_the_entry_limit_go_as_an_elided_state() {
+    let seed = sim_seed("joined_past_the_limit");
+    // Hour-long leases: the bulk load's lease does not end while the test runs.
+    let cfg = Config {
+        member_lease_ttl_ms: 3_600_000,
+        lease_per_member_ms: 0,
+        ..config()
+    };
+    let mut sim = Sim::new(2, cfg, Faults::NONE, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    // Node 1 misses a bulk load of seven batches: each delta is within the limit, the
+    // seven joined (70,000 registrations) are not.
+    sim.partition(|i| i as u32);
+    let bulk = ServiceName::new("bulk").unwrap();
+    for b in 0..7 {
+        let items = (0..10_000)
+            .map(|i| OwnedRegistration {
+                service: bulk.clone(),
+                provider: ProviderId::new(&format!("b{b}-{i}")).unwrap(),
+                endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+                meta: Default::default(),
+            })
+            .collect();
+        sim.with_node(0, |n, now| n.register_many(items, now))
+            .unwrap()
+            .unwrap();
+        sim.run_for(10);
+    }
+    sim.heal();
+    let holds_all = |sim: &Sim| {
+        sim.node(1)
+            .unwrap()
+            .replica()
+            .instances(&bulk, sim.now_ms())
+            .count()
+            == 70_000
+    };
+    assert!(
+        settle(&mut sim, 120, holds_all).is_some(),
+        "node 1 never held the bulk load (seed {seed})"
+    );
+    assert_eq!(
+        sim.node(1).unwrap().counters().refused,
+        0,
+        "a message was refused (seed {seed})"
+    );
 }

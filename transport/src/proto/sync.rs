@@ -6,7 +6,7 @@ use rand::RngExt;
 use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 
 use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
-use crate::message::{self, Envelope, Message};
+use crate::message::{self, Envelope, Message, MAX_DELTA_ENTRIES};
 
 impl Node {
     /// Up to `n` distinct random peers with an open connection, other than `except`.
@@ -68,6 +68,17 @@ impl Node {
                     .filter(|p| p.adopted)
                     .and_then(|p| p.digest.as_deref());
                 match self.buffer.since_for(a, peer, seen) {
+                    // More than a peer takes in one delta (many batches joined, say a bulk
+                    // load a new peer missed): the state elided against what it holds,
+                    // which has no entry limit and crosses in chunks.
+                    Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
+                        let digest = self
+                            .peers
+                            .get(&peer)
+                            .and_then(|p| p.digest.as_deref().cloned())
+                            .unwrap_or_default();
+                        self.send_full(peer, &digest, now);
+                    }
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
                     // Everything since was learnt from the peer itself.
                     None if acked == Some(a) => {
