@@ -708,6 +708,15 @@ fn deltas_joined_past_the_entry_limit_go_as_an_elided_state() {
             .unwrap();
         sim.run_for(10);
     }
+    let fulls_before = sim.node(0).unwrap().counters().full_syncs_sent;
+    // A slow link: the peer's acknowledgement of a state comes seconds later, as from a
+    // real peer joining a large one.
+    let slow = Faults {
+        min_delay_ms: 2_000,
+        max_delay_ms: 2_000,
+        ..Faults::NONE
+    };
+    sim.set_machine_faults(1, Some(slow));
     sim.heal();
     let holds_all = |sim: &Sim| {
         sim.node(1)
@@ -726,4 +735,8 @@ fn deltas_joined_past_the_entry_limit_go_as_an_elided_state() {
         0,
         "a message was refused (seed {seed})"
     );
+    // One elided state, not one per push or repair round while the peer joins it.
+    sim.run_for(10_000);
+    let fulls = sim.node(0).unwrap().counters().full_syncs_sent - fulls_before;
+    assert!(fulls <= 2, "{fulls} elided states sent (seed {seed})");
 }

@@ -70,14 +70,18 @@ impl Node {
                 match self.buffer.since_for(a, peer, seen) {
                     // More than a peer takes in one delta (many batches joined, say a bulk
                     // load a new peer missed): the state elided against what it holds,
-                    // which has no entry limit and crosses in chunks.
+                    // which has no entry limit and crosses in chunks; one per pause, as a
+                    // large one takes the peer a while to join and acknowledge (what comes
+                    // after it goes in the repair round after that acknowledgement).
                     Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
-                        let digest = self
-                            .peers
-                            .get(&peer)
-                            .and_then(|p| p.digest.as_deref().cloned())
-                            .unwrap_or_default();
-                        self.send_full(peer, &digest, now);
+                        if !self.full_in_flight(peer, now) && !self.guarded {
+                            let digest = self
+                                .peers
+                                .get(&peer)
+                                .and_then(|p| p.digest.as_deref().cloned())
+                                .unwrap_or_default();
+                            self.send_full(peer, &digest, now);
+                        }
                     }
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
                     // Everything since was learnt from the peer itself.
