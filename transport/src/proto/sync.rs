@@ -74,14 +74,7 @@ impl Node {
                     // large one takes the peer a while to join and acknowledge (what comes
                     // after it goes in the repair round after that acknowledgement).
                     Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
-                        if !self.full_in_flight(peer, now) && !self.guarded {
-                            let digest = self
-                                .peers
-                                .get(&peer)
-                                .and_then(|p| p.digest.as_deref().cloned())
-                                .unwrap_or_default();
-                            self.send_full(peer, &digest, now);
-                        }
+                        self.send_full_unless_in_flight(peer, now);
                     }
                     Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
                     // Everything since was learnt from the peer itself.
@@ -109,6 +102,20 @@ impl Node {
             }
             _ => {}
         }
+    }
+
+    /// The state elided against the peer's digest (all of it without one), unless one is
+    /// on its way and not yet acknowledged, or the crash-loop guard holds.
+    fn send_full_unless_in_flight(&mut self, peer: ReplicaId, now: Now) {
+        if self.full_in_flight(peer, now) || self.guarded {
+            return;
+        }
+        let digest = self
+            .peers
+            .get(&peer)
+            .and_then(|p| p.digest.as_deref().cloned())
+            .unwrap_or_default();
+        self.send_full(peer, &digest, now);
     }
 
     pub(super) fn send_full(&mut self, peer: ReplicaId, digest: &CausalContext, now: Now) {
