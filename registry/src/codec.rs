@@ -22,7 +22,7 @@ pub const FORMAT_VERSION: u8 = 2;
 /// The oldest format [`decode_state`] still reads.
 pub const OLDEST_FORMAT_VERSION: u8 = 1;
 
-fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+pub(crate) fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let out = vec![FORMAT_VERSION];
     // Serializing these types into a Vec cannot fail: every field has a fixed serde shape
     // and nothing has a length postcard cannot represent.
@@ -32,7 +32,7 @@ fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     }
 }
 
-fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+pub(crate) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
     if version != FORMAT_VERSION {
         return Err(DecodeError::UnsupportedVersion {

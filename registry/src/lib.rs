@@ -41,6 +41,7 @@ mod error;
 mod hlc;
 mod id;
 mod meta;
+mod persist;
 mod regstore;
 mod replica;
 mod state;
@@ -56,6 +57,7 @@ pub use id::{
     dot, Dot, ProviderId, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN, MAX_SERVICE_NAME_LEN,
 };
 pub use meta::Metadata;
+pub use persist::{ChangedKeys, EntryLoader};
 pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use value::{

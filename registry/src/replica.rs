@@ -27,6 +27,8 @@ pub struct Replica {
     /// No dot at or below this counter will be minted (a floor saved on disk, so a node
     /// that lost its last writes in a crash never reuses a dot).
     counter_floor: u64,
+    /// The keys changed since they were last taken, when tracked (see `persist`).
+    pub(crate) changed: Option<crate::persist::ChangedKeys>,
 }
 
 /// A live service instance as a read sees it, borrowed from the replica.
@@ -133,6 +135,7 @@ impl Replica {
             id,
             state,
             counter_floor,
+            changed: None,
         }
     }
 
@@ -615,6 +618,9 @@ impl Replica {
             })
             .collect();
         let report = self.state.join(delta);
+        if let Some(changed) = &mut self.changed {
+            changed.record(&report);
+        }
         let mut changes = Vec::new();
         for (k, was) in &visible_before {
             match (was, self.visible(k, now_ms)) {
