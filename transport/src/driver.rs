@@ -48,6 +48,7 @@ mod limits;
 mod node;
 mod quiet_log;
 mod tls;
+mod unsaved;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
@@ -55,7 +56,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use roster_registry::{
-    Change, Endpoint, InvalidInput, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
+    Change, ChangedKeys, Endpoint, InvalidInput, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -235,6 +236,7 @@ struct Inner {
     replica: watch::Receiver<Arc<Replica>>,
     changes: broadcast::Sender<Change>,
     status: watch::Receiver<Status>,
+    unsaved: unsaved::Unsaved,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     done: watch::Receiver<bool>,
@@ -289,7 +291,7 @@ pub fn start(
     let seed = getrandom::u64().map_err(StartError::Random)?;
     let guarded = config.resume.crash_guard;
     let clocks = Clocks::start();
-    let (node, resumed) = Node::with_resume(
+    let (mut node, resumed) = Node::with_resume(
         info.clone(),
         replica,
         seeds,
@@ -313,6 +315,11 @@ pub fn start(
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
     let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
     let (changes, _) = broadcast::channel(EVENT_CAPACITY);
+    // What resuming changed is the first snapshot's to save.
+    let unsaved = unsaved::Unsaved::default();
+    if let Some(changed) = node.take_changed() {
+        unsaved.give_back(changed);
+    }
     let (replica_tx, replica_rx) = watch::channel(Arc::new(node.replica().clone()));
     let (status_tx, status_rx) = watch::channel(Status::default());
     let (done_tx, done_rx) = watch::channel(false);
@@ -354,6 +361,7 @@ pub fn start(
             changes: changes.clone(),
             replica: replica_tx,
             status: status_tx,
+            unsaved: unsaved.clone(),
         },
     );
     tokio::spawn(
@@ -371,6 +379,7 @@ pub fn start(
             replica: replica_rx,
             changes,
             status: status_rx,
+            unsaved,
             shared,
             shutdown,
             done: done_rx,
@@ -450,6 +459,21 @@ impl Handle {
     /// arrival.
     pub fn replica(&self) -> Arc<Replica> {
         Arc::clone(&self.inner.replica.borrow())
+    }
+
+    /// The latest replica snapshot and the keys of the entries changed since the last
+    /// call (all empty unless the replica given to [`start`] tracks its changes, see
+    /// [`Replica::track_changes`]): what a store that saves entry by entry must write for
+    /// this snapshot, besides its context. Keys a save could not write go back with
+    /// [`Handle::give_back_unsaved`].
+    pub fn take_unsaved(&self) -> (Arc<Replica>, ChangedKeys) {
+        self.inner.unsaved.take(&self.inner.replica)
+    }
+
+    /// Keys a save taken with [`Handle::take_unsaved`] did not write: the next take hands
+    /// them out again, with a snapshot that holds their latest entries.
+    pub fn give_back_unsaved(&self, changed: ChangedKeys) {
+        self.inner.unsaved.give_back(changed);
     }
 
     /// A receiver that sees each new replica snapshot (`changed().await`).

@@ -80,6 +80,8 @@ pub(super) struct Publish {
     pub changes: broadcast::Sender<Change>,
     pub replica: watch::Sender<Arc<Replica>>,
     pub status: watch::Sender<Status>,
+    /// The keys changed since the last save, published with the snapshots.
+    pub unsaved: super::unsaved::Unsaved,
 }
 
 /// The node task's state.
@@ -376,9 +378,13 @@ impl NodeTask {
 
     fn publish_replica(&mut self) {
         let started = Instant::now();
+        let changed = self.node.take_changed();
         let replica = self.node.replica();
         self.published_ctx = replica.context().clone();
-        self.publish.replica.send_replace(Arc::new(replica.clone()));
+        let snapshot = Arc::new(replica.clone());
+        self.publish
+            .unsaved
+            .publish(changed, &self.publish.replica, snapshot);
         // No subscriber is fine; a lagging one learns it from its receiver.
         for change in self.events_due.drain(..) {
             let _ = self.publish.changes.send(change);

@@ -668,6 +668,12 @@ impl Node {
         &self.replica
     }
 
+    /// The keys the replica changed since last asked, when it tracks its changes (see
+    /// [`Replica::track_changes`]).
+    pub fn take_changed(&mut self) -> Option<roster_registry::ChangedKeys> {
+        self.replica.take_changed()
+    }
+
     /// What the node has done so far.
     pub fn counters(&self) -> Counters {
         self.counters
