@@ -894,14 +894,12 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
                     () = tokio::time::sleep(interval) => {}
                 }
             }
-            let replica = Arc::clone(&rx.borrow_and_update());
-            let s = Arc::clone(&store);
+            rx.borrow_and_update();
             let started = Instant::now();
-            match tokio::task::spawn_blocking(move || s.save_replica(&replica, false)).await {
-                Ok(Ok(())) => unsaved = false,
-                Ok(Err(StoreError::Unwritable { .. })) => continue,
-                Ok(Err(e)) => warn!("could not save the replica: {e}"),
-                Err(e) => warn!("the save task failed: {e}"),
+            match save_changes(&handle, &store).await {
+                Ok(()) => unsaved = false,
+                Err(StoreError::Unwritable { .. }) => continue,
+                Err(e) => warn!("could not save the replica: {e}"),
             }
             interval = (started.elapsed() * SAVE_COST_FACTOR).max(SAVE_INTERVAL);
         }
@@ -924,6 +922,27 @@ async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
             }
         }
     }
+}
+
+/// Saves the latest replica snapshot: the entries changed since the last save, and the
+/// context. Keys it could not write are given back, to be written by the next save.
+async fn save_changes(handle: &Handle, store: &Arc<Store>) -> Result<(), StoreError> {
+    let (replica, changed) = handle.take_unsaved();
+    // Kept here too: a save task that panicked must not lose them.
+    let kept = changed.clone();
+    let s = Arc::clone(store);
+    let saved = tokio::task::spawn_blocking(move || s.save_replica(&replica, &changed, false))
+        .await
+        .unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                path: store.path().to_path_buf(),
+                why: format!("the save task failed: {e}"),
+            })
+        });
+    if saved.is_err() {
+        handle.give_back_unsaved(kept);
+    }
+    saved
 }
 
 /// Ends own registrations whose `ttl` passed without a new `register`.
@@ -1479,10 +1498,10 @@ impl Node {
         self.inner.tasks.wait().await;
         let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
         if let Some(store) = store {
-            let replica = self.inner.handle.replica();
+            let (replica, changed) = self.inner.handle.take_unsaved();
             // One more try after a failure, whatever the backoff.
             store.retry_now();
-            tokio::task::spawn_blocking(move || store.save_replica(&replica, true))
+            tokio::task::spawn_blocking(move || store.save_replica(&replica, &changed, true))
                 .await
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }

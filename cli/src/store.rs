@@ -1,9 +1,11 @@
 //! The data directory: one crash-safe redb database, `roster.redb`.
 //!
 //! It holds the node's identity (replica id), the counter floor it reserves ahead of
-//! what it mints, the replica (state and causal context, one value written in one
-//! transaction, so a restart resumes from a consistent point), the registrations it owns,
-//! the keys it removed lately, its launch times, and the times of throttled actions.
+//! what it mints, the replica (one row per registration and per node's lease, and the
+//! causal context; a save writes the rows that changed with the context in one
+//! transaction, so a restart resumes from a consistent point: see `entries`), the
+//! registrations it owns, the keys it removed lately, its launch times, and the times of
+//! throttled actions.
 //!
 //! Writes: own registrations are committed before `register` returns; the replica is
 //! committed in batches (group commit) by the node's saver task.
@@ -13,14 +15,15 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
-use roster_registry::{
-    codec, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, State,
-};
+use roster_registry::{ChangedKeys, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 mod bulk;
 mod disk;
+mod entries;
+#[cfg(test)]
+mod entries_tests;
 mod health;
 
 #[cfg(test)]
@@ -29,8 +32,11 @@ pub use health::{StoreHealth, FIRST_RETRY, MAX_RETRY};
 
 /// The file in the data directory.
 pub const STORE_FILE: &str = "roster.redb";
-/// The layout of the tables; a data directory of another layout is refused.
-pub const STORE_FORMAT: u32 = 1;
+/// The layout of the tables. Format 1 (the replica as one value) is migrated on open; a
+/// data directory of another layout is refused.
+pub const STORE_FORMAT: u32 = 2;
+/// The format migrated on open.
+const MIGRATED_FORMAT: u32 = 1;
 /// Counters reserved ahead of the highest minted: a crash leaves a gap of at most this
 /// many (closed at the next start), and the floor is rewritten about every half of it.
 pub const COUNTER_RESERVE: u64 = 256;
@@ -53,7 +59,6 @@ const K_ID: &str = "replica_id";
 const RESET_HINT: &str = "; or start once with `roster agent --reset-identity` to keep what this node \
                           registered under a new identity";
 const K_FLOOR: &str = "counter_floor";
-const K_STATE: &str = "state";
 const K_MEMORY: &str = "peer_memory";
 
 /// A registration this node owns, as saved.
@@ -560,6 +565,57 @@ impl Store {
         }
     }
 
+    /// The error of a replica that could not be read or written; a damaged one names the
+    /// way out that keeps this node's own registrations.
+    fn failed(&self, f: entries::Fail) -> StoreError {
+        match f {
+            entries::Fail::Io(why) => self.io(why),
+            entries::Fail::Corrupt(why) => self.corrupt(format!("{why}{RESET_HINT}")),
+        }
+    }
+
+    /// Refuses a store of another format than this build's, but migrates format 1.
+    fn check_format(
+        &self,
+        tx: &redb::WriteTransaction,
+        meta: &mut redb::Table<&str, &[u8]>,
+    ) -> Result<(), StoreError> {
+        let found = match meta.get(K_FORMAT).map_err(|e| self.io(e))? {
+            None => return Err(self.corrupt("it holds no roster identity")),
+            Some(v) => <[u8; 4]>::try_from(v.value())
+                .ok()
+                .map(u32::from_le_bytes)
+                .ok_or_else(|| self.corrupt("the format record is damaged"))?,
+        };
+        match found {
+            STORE_FORMAT => Ok(()),
+            MIGRATED_FORMAT => self.migrate(tx, meta),
+            _ => Err(StoreError::Incompatible {
+                path: self.path.clone(),
+                found,
+                expected: STORE_FORMAT,
+            }),
+        }
+    }
+
+    /// Turns a store of format 1 (the replica as one value) into this format, in the
+    /// transaction that loads it.
+    fn migrate(
+        &self,
+        tx: &redb::WriteTransaction,
+        meta: &mut redb::Table<&str, &[u8]>,
+    ) -> Result<(), StoreError> {
+        let rows = entries::migrate(tx, meta).map_err(|f| self.failed(f))?;
+        meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
+            .map_err(|e| self.io(e))?;
+        info!(
+            "{}: migrated the data format {MIGRATED_FORMAT} to {STORE_FORMAT} (the replica saved entry by \
+             entry, {rows} rows)",
+            self.path.display()
+        );
+        Ok(())
+    }
+
     /// Reads what the node resumes from; `new_id` is `Some` only for a store just made, and
     /// `reset_to` for an existing store that takes a new identity (see
     /// [`Store::open_resetting`]).
@@ -592,37 +648,20 @@ impl Store {
                 meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
             } else {
-                let format = meta.get(K_FORMAT).map_err(|e| self.io(e))?;
-                let found = match format {
-                    None => return Err(self.corrupt("it holds no roster identity")),
-                    Some(v) => <[u8; 4]>::try_from(v.value())
-                        .ok()
-                        .map(u32::from_le_bytes)
-                        .ok_or_else(|| self.corrupt("the format record is damaged"))?,
-                };
-                if found != STORE_FORMAT {
-                    return Err(StoreError::Incompatible {
-                        path: self.path.clone(),
-                        found,
-                        expected: STORE_FORMAT,
-                    });
-                }
+                self.check_format(&tx, &mut meta)?;
             }
             let mut reset_from = None;
             if let Some(new) = reset_to {
                 reset_from = get_u64(&meta, K_ID).ok().flatten().map(ReplicaId);
                 meta.insert(K_ID, new.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
-                for k in [K_STATE, K_FLOOR, K_MEMORY] {
+                for k in [K_FLOOR, K_MEMORY] {
                     meta.remove(k).map_err(|e| self.io(e))?;
                 }
+                entries::clear(&tx, &mut meta).map_err(|f| self.failed(f))?;
             }
             let id = ReplicaId(get_u64(&meta, K_ID)?.ok_or_else(|| self.corrupt("no replica id"))?);
-            let state = match meta.get(K_STATE).map_err(|e| self.io(e))? {
-                None => State::new(),
-                Some(v) => codec::decode_state(v.value())
-                    .map_err(|e| self.corrupt(format!("the replica: {e}{RESET_HINT}")))?,
-            };
+            let state = entries::load(&tx, &meta).map_err(|f| self.failed(f))?;
             let floor = get_u64(&meta, K_FLOOR)?.unwrap_or(0);
             if floor > roster_registry::MAX_COUNTER {
                 return Err(self.corrupt(format!(
@@ -634,7 +673,9 @@ impl Store {
                 .map_err(|e| self.io(e))?
                 .map(|v| v.value().to_vec())
                 .unwrap_or_default();
-            let replica = Replica::from_state(id, state, floor);
+            let mut replica = Replica::from_state(id, state, floor);
+            // What changes from now on is what the saves write.
+            replica.track_changes();
             // Reserve what this process may mint before it mints anything.
             let reserved = replica.counter() + COUNTER_RESERVE;
             meta.insert(K_FLOOR, reserved.to_le_bytes().as_slice())
@@ -693,19 +734,26 @@ impl Store {
         Ok(loaded)
     }
 
-    /// Saves the replica (state and context, in one transaction) and, when its counter
-    /// nears the reserved floor, reserves more; with `exact`, the floor becomes the
-    /// counter itself (a clean stop leaves no gap).
+    /// Saves the replica: the entries of the keys `changed` names (every key whose entry
+    /// changed since the last save that worked; see [`Replica::track_changes`]) and the
+    /// context, in one transaction; and, when its counter nears the reserved floor,
+    /// reserves more; with `exact`, the floor becomes the counter itself (a clean stop
+    /// leaves no gap). After an error nothing was saved: `changed` must be saved again.
     ///
     /// # Errors
     /// [`StoreError::Io`].
-    pub fn save_replica(&self, replica: &Replica, exact: bool) -> Result<(), StoreError> {
-        let bytes = codec::encode_state(replica.state());
+    pub fn save_replica(
+        &self,
+        replica: &Replica,
+        changed: &ChangedKeys,
+        exact: bool,
+    ) -> Result<(), StoreError> {
+        let batch = entries::Batch::changed(replica.state(), changed);
         self.with_db(|db| {
             let tx = db.begin_write().map_err(|e| self.io(e))?;
             {
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-                meta.insert(K_STATE, bytes.as_slice()).map_err(|e| self.io(e))?;
+                entries::write(&tx, &mut meta, &batch).map_err(|f| self.failed(f))?;
                 let counter = replica.counter();
                 self.raise_floor(&mut meta, |reserved| {
                     if exact {
@@ -923,7 +971,7 @@ mod tests {
                 let tx = db.begin_write().unwrap();
                 {
                     let mut meta = tx.open_table(META).unwrap();
-                    meta.insert(K_FORMAT, 2u32.to_le_bytes().as_slice()).unwrap();
+                    meta.insert(K_FORMAT, 3u32.to_le_bytes().as_slice()).unwrap();
                 }
                 tx.commit().unwrap();
                 Ok(())
@@ -935,8 +983,8 @@ mod tests {
             matches!(
                 e,
                 StoreError::Incompatible {
-                    found: 2,
-                    expected: 1,
+                    found: 3,
+                    expected: 2,
                     ..
                 }
             ),

@@ -1895,7 +1895,7 @@ fn an_unreadable_replica_is_refused_and_reset_identity_recovers_the_nodes_regist
         let tx = db.begin_write().unwrap();
         tx.open_table(meta)
             .unwrap()
-            .insert("state", [1u8, 0xff, 0xff, 0xff].as_slice())
+            .insert("context", [2u8, 0xff, 0xff, 0xff].as_slice())
             .unwrap();
         tx.commit().unwrap();
     }

@@ -44,6 +44,9 @@ mod transport_links;
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 
+/// The replica saved entry by entry loads as it was saved, whatever the changes and crashes.
+mod store_props;
+
 /// The restart-economy rules: resume with deltas, single flight, saved backoff, spread
 /// reconnects, idle quiet, off switches.
 mod restart_economy;
