@@ -574,11 +574,13 @@ impl Store {
         }
     }
 
-    /// Refuses a store of another format than this build's, but migrates format 1.
+    /// Refuses a store of another format than this build's, but migrates format 1 (whose
+    /// replica a store `resetting` its identity forgets instead: it may be what is damaged).
     fn check_format(
         &self,
         tx: &redb::WriteTransaction,
         meta: &mut redb::Table<&str, &[u8]>,
+        resetting: bool,
     ) -> Result<(), StoreError> {
         let found = match meta.get(K_FORMAT).map_err(|e| self.io(e))? {
             None => return Err(self.corrupt("it holds no roster identity")),
@@ -589,6 +591,12 @@ impl Store {
         };
         match found {
             STORE_FORMAT => Ok(()),
+            MIGRATED_FORMAT if resetting => {
+                entries::clear(tx, meta).map_err(|f| self.failed(f))?;
+                meta.insert(K_FORMAT, STORE_FORMAT.to_le_bytes().as_slice())
+                    .map_err(|e| self.io(e))?;
+                Ok(())
+            }
             MIGRATED_FORMAT => self.migrate(tx, meta),
             _ => Err(StoreError::Incompatible {
                 path: self.path.clone(),
@@ -648,7 +656,7 @@ impl Store {
                 meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
             } else {
-                self.check_format(&tx, &mut meta)?;
+                self.check_format(&tx, &mut meta, reset_to.is_some())?;
             }
             let mut reset_from = None;
             if let Some(new) = reset_to {

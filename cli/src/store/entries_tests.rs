@@ -99,6 +99,49 @@ fn a_damaged_format_1_store_is_refused_and_left_as_it_was() {
 }
 
 #[test]
+fn a_format_1_store_whose_replica_is_damaged_is_reset_keeping_its_own_registrations() {
+    let dir = tempfile::tempdir().unwrap();
+    write_format_1(dir.path(), ReplicaId(4), &Replica::new(ReplicaId(4)));
+    {
+        let (store, _) = Store::open(dir.path(), ReplicaId(4), 1_000).unwrap();
+        store.put_owned(&rec("w1"), 0).unwrap();
+    }
+    // Back to format 1 with a damaged replica, as an older roster may have left it.
+    let db = Database::open(dir.path().join(STORE_FILE)).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut meta = tx.open_table(META).unwrap();
+        meta.insert(K_FORMAT, 1u32.to_le_bytes().as_slice()).unwrap();
+        meta.insert(entries::K_STATE, [2u8, 0xff].as_slice()).unwrap();
+    }
+    tx.commit().unwrap();
+    drop(db);
+    Store::open(dir.path(), ReplicaId(9), 2_000).unwrap_err();
+    let (_, loaded) = Store::open_resetting(dir.path(), ReplicaId(9), 3_000).unwrap();
+    assert_eq!(loaded.reset_from, Some(ReplicaId(4)));
+    assert_eq!(loaded.replica.id(), ReplicaId(9));
+    assert!(loaded.replica.state().is_store_empty());
+    assert_eq!(loaded.owned, vec![rec("w1")]);
+    assert_eq!(
+        meta_value(dir.path(), K_FORMAT),
+        Some(2u32.to_le_bytes().to_vec())
+    );
+    assert_eq!(meta_value(dir.path(), entries::K_STATE), None);
+}
+
+fn rec(instance: &str) -> OwnedRecord {
+    OwnedRecord {
+        service: "web".into(),
+        instance: instance.into(),
+        address: "127.0.0.1:80".into(),
+        meta: Vec::new(),
+        lease_ttl_ms: 30_000,
+        registered_at_ms: 1_000,
+        expires_at_ms: None,
+    }
+}
+
+#[test]
 fn a_damaged_entry_is_refused_with_the_way_out() {
     let dir = tempfile::tempdir().unwrap();
     let (store, loaded) = Store::open(dir.path(), ReplicaId(4), 1_000).unwrap();
