@@ -59,36 +59,7 @@ impl Node {
         let from = if repair { acked } else { acked.max(sent) };
         match from {
             Some(a) if a >= head => {}
-            Some(a) if self.buffer.covers(a) => {
-                // Since the start of this process, to a peer whose digest says it has most
-                // of it already: only what it lacks, trimmed delta by delta.
-                let seen = self
-                    .peers
-                    .get(&peer)
-                    .filter(|p| p.adopted)
-                    .and_then(|p| p.digest.as_deref());
-                match self.buffer.since_for(a, peer, seen) {
-                    // More than a peer takes in one delta (many batches joined, say a bulk
-                    // load a new peer missed): the state elided against what it holds,
-                    // which has no entry limit and crosses in chunks; one per pause, as a
-                    // large one takes the peer a while to join and acknowledge (what comes
-                    // after it goes in the repair round after that acknowledgement).
-                    Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
-                        self.send_full_unless_in_flight(peer, now);
-                    }
-                    Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
-                    // Everything since was learnt from the peer itself.
-                    None if acked == Some(a) => {
-                        if let Some(p) = self.peers.get_mut(&peer) {
-                            p.acked = Some(head);
-                        }
-                    }
-                    None => {}
-                }
-                if let Some(p) = self.peers.get_mut(&peer) {
-                    p.sent = Some(head);
-                }
-            }
+            Some(a) if self.buffer.covers(a) => self.send_from_buffer(peer, a, acked, now),
             _ if repair => {
                 let paused = full_sent_at.is_some_and(|t| now.mono_ms < t + self.cfg.full_sync_pause_ms);
                 let digest = self.peers.get(&peer).and_then(|p| p.digest.clone());
@@ -101,6 +72,40 @@ impl Node {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Sends `peer` the buffered deltas after `a` (its acknowledgement `acked`, or the last
+    /// send), or the state when they are more than a delta may hold.
+    fn send_from_buffer(&mut self, peer: ReplicaId, a: u64, acked: Option<u64>, now: Now) {
+        let head = self.buffer.head();
+        // Since the start of this process, to a peer whose digest says it has most
+        // of it already: only what it lacks, trimmed delta by delta.
+        let seen = self
+            .peers
+            .get(&peer)
+            .filter(|p| p.adopted)
+            .and_then(|p| p.digest.as_deref());
+        match self.buffer.since_for(a, peer, seen) {
+            // More than a peer takes in one delta (many batches joined, say a bulk load a
+            // new peer missed): the state elided against what it holds, which has no entry
+            // limit and crosses in chunks; one per pause, as a large one takes the peer a
+            // while to join and acknowledge (what comes after it goes in the repair round
+            // after that acknowledgement).
+            Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
+                self.send_full_unless_in_flight(peer, now);
+            }
+            Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
+            // Everything since was learnt from the peer itself.
+            None if acked == Some(a) => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.acked = Some(head);
+                }
+            }
+            None => {}
+        }
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.sent = Some(head);
         }
     }
 
