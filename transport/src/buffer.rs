@@ -23,6 +23,8 @@ use roster_registry::{CausalContext, ReplicaId, State};
 struct Entry {
     seq: u64,
     origin: Option<ReplicaId>,
+    /// Its registrations and leases, so the size of a join is known before it is made.
+    entries: usize,
     delta: Box<[u8]>,
 }
 
@@ -81,6 +83,7 @@ impl DeltaBuffer {
         self.entries.push_back(Entry {
             seq: self.head,
             origin,
+            entries: delta.registration_count() + delta.lease_count(),
             delta: encode_state(&delta).into_boxed_slice(),
         });
         self.head
@@ -93,6 +96,27 @@ impl DeltaBuffer {
             Some(first) => acked + 1 >= first.seq,
             None => true,
         }
+    }
+
+    /// The registrations and leases of the deltas after `acked`, leaving out those learnt
+    /// from `exclude`: at least the entries of their join (a key written twice counts
+    /// twice), known without decoding or joining anything.
+    pub fn entries_since(&self, acked: u64, exclude: ReplicaId) -> usize {
+        self.after(acked)
+            .filter(|e| e.origin != Some(exclude))
+            .map(|e| e.entries)
+            .sum()
+    }
+
+    /// The entries after `acked`, found without walking those before: entries are
+    /// numbered without gaps.
+    fn after(&self, acked: u64) -> impl Iterator<Item = &Entry> {
+        let skip = self
+            .entries
+            .front()
+            .map_or(0, |first| acked.saturating_add(1).saturating_sub(first.seq));
+        let skip = usize::try_from(skip).map_or(self.entries.len(), |s| s.min(self.entries.len()));
+        self.entries.range(skip..).filter(move |e| e.seq > acked)
     }
 
     /// The join of the deltas after `acked`, leaving out those learnt from `exclude`;
@@ -108,18 +132,7 @@ impl DeltaBuffer {
     /// thousand keys).
     pub fn since_for(&self, acked: u64, exclude: ReplicaId, seen: Option<&CausalContext>) -> Option<State> {
         let mut out: Option<State> = None;
-        // Entries are numbered without gaps: skip straight to the first after `acked`
-        // instead of walking the whole buffer.
-        let skip = self
-            .entries
-            .front()
-            .map_or(0, |first| acked.saturating_add(1).saturating_sub(first.seq));
-        let skip = usize::try_from(skip).map_or(self.entries.len(), |s| s.min(self.entries.len()));
-        for e in self
-            .entries
-            .range(skip..)
-            .filter(|e| e.seq > acked && e.origin != Some(exclude))
-        {
+        for e in self.after(acked).filter(|e| e.origin != Some(exclude)) {
             let delta = match seen {
                 Some(c) => e.delta().trimmed_for(c),
                 None => e.delta(),
@@ -166,6 +179,26 @@ mod tests {
         assert_eq!(to_5.registration_count(), 2);
         assert!(b.since(3, ReplicaId(5)).is_none());
         assert!(to_5.is_delta());
+    }
+
+    #[test]
+    fn entries_since_counts_what_a_join_would_hold_without_making_it() {
+        let mut b = DeltaBuffer::new(8);
+        let ds = deltas(3);
+        // The first registration also writes its node's lease: two entries.
+        let sizes: Vec<usize> = ds
+            .iter()
+            .map(|d| d.registration_count() + d.lease_count())
+            .collect();
+        b.push(None, ds[0].clone());
+        b.push(Some(ReplicaId(9)), ds[1].clone());
+        b.push(None, ds[2].clone());
+        assert_eq!(b.entries_since(0, ReplicaId(5)), sizes.iter().sum::<usize>());
+        assert_eq!(b.entries_since(0, ReplicaId(9)), sizes[0] + sizes[2]);
+        assert_eq!(b.entries_since(2, ReplicaId(5)), sizes[2]);
+        assert_eq!(b.entries_since(3, ReplicaId(5)), 0);
+        let joined = b.since(0, ReplicaId(5)).unwrap();
+        assert!(joined.registration_count() + joined.lease_count() <= b.entries_since(0, ReplicaId(5)));
     }
 
     #[test]

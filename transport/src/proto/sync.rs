@@ -86,15 +86,20 @@ impl Node {
             .get(&peer)
             .filter(|p| p.adopted)
             .and_then(|p| p.digest.as_deref());
-        match self.buffer.since_for(a, peer, seen) {
-            // More than a peer takes in one delta (many batches joined, say a bulk load a
-            // new peer missed): the state elided against what it holds, which has no entry
-            // limit and crosses in chunks; one per pause, as a large one takes the peer a
-            // while to join and acknowledge (what comes after it goes in the repair round
-            // after that acknowledgement).
-            Some(delta) if delta.registration_count() + delta.lease_count() > MAX_DELTA_ENTRIES => {
-                self.send_full_unless_in_flight(peer, now);
-            }
+        // More than a peer takes in one delta (many batches joined, say a bulk
+        // load a new peer missed): the state elided against what it holds, which
+        // has no entry limit and crosses in chunks; one per pause, as a large one
+        // takes the peer a while to join and acknowledge (what comes after it goes
+        // in the repair round after that acknowledgement). Counted before joining:
+        // joining 100,000 entries per round kept an agent from answering for 30 s.
+        let too_many = self.buffer.entries_since(a, peer) > MAX_DELTA_ENTRIES;
+        let delta = if too_many {
+            None
+        } else {
+            self.buffer.since_for(a, peer, seen)
+        };
+        match delta {
+            None if too_many => self.send_full_unless_in_flight(peer, now),
             Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
             // Everything since was learnt from the peer itself.
             None if acked == Some(a) => {
