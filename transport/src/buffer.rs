@@ -98,14 +98,23 @@ impl DeltaBuffer {
         }
     }
 
-    /// The registrations and leases of the deltas after `acked`, leaving out those learnt
-    /// from `exclude`: at least the entries of their join (a key written twice counts
-    /// twice), known without decoding or joining anything.
-    pub fn entries_since(&self, acked: u64, exclude: ReplicaId) -> usize {
-        self.after(acked)
-            .filter(|e| e.origin != Some(exclude))
-            .map(|e| e.entries)
-            .sum()
+    /// How far after `acked` a delta for a peer may reach and hold at most `max` entries
+    /// (registrations and leases, counted per buffered delta, so at least those of the
+    /// join), leaving out those learnt from `exclude`: the greatest such number, the head
+    /// when all of it fits; `None` when the first delta alone holds more. Known without
+    /// decoding or joining anything.
+    pub fn fits_until(&self, acked: u64, exclude: ReplicaId, max: usize) -> Option<u64> {
+        let (mut sum, mut last) = (0, acked);
+        for e in self.after(acked) {
+            if e.origin != Some(exclude) {
+                if sum + e.entries > max {
+                    return (last > acked).then_some(last);
+                }
+                sum += e.entries;
+            }
+            last = e.seq;
+        }
+        Some(self.head)
     }
 
     /// The entries after `acked`, found without walking those before: entries are
@@ -131,8 +140,20 @@ impl DeltaBuffer {
     /// the hints of all (a thousand registrations the peer already has would still name a
     /// thousand keys).
     pub fn since_for(&self, acked: u64, exclude: ReplicaId, seen: Option<&CausalContext>) -> Option<State> {
+        self.between_for(acked, self.head, exclude, seen)
+    }
+
+    /// [`DeltaBuffer::since_for`], up to `until` (see [`DeltaBuffer::fits_until`]).
+    pub fn between_for(
+        &self,
+        acked: u64,
+        until: u64,
+        exclude: ReplicaId,
+        seen: Option<&CausalContext>,
+    ) -> Option<State> {
         let mut out: Option<State> = None;
-        for e in self.after(acked).filter(|e| e.origin != Some(exclude)) {
+        let wanted = |e: &&Entry| e.seq <= until && e.origin != Some(exclude);
+        for e in self.after(acked).filter(wanted) {
             let delta = match seen {
                 Some(c) => e.delta().trimmed_for(c),
                 None => e.delta(),
@@ -182,23 +203,31 @@ mod tests {
     }
 
     #[test]
-    fn entries_since_counts_what_a_join_would_hold_without_making_it() {
+    fn a_delta_for_a_peer_reaches_as_far_as_its_entries_allow() {
         let mut b = DeltaBuffer::new(8);
         let ds = deltas(3);
-        // The first registration also writes its node's lease: two entries.
+        // The first registration also writes its node's lease: two entries, then one each.
         let sizes: Vec<usize> = ds
             .iter()
             .map(|d| d.registration_count() + d.lease_count())
             .collect();
+        assert_eq!(sizes, [2, 1, 1]);
         b.push(None, ds[0].clone());
-        b.push(Some(ReplicaId(9)), ds[1].clone());
-        b.push(None, ds[2].clone());
-        assert_eq!(b.entries_since(0, ReplicaId(5)), sizes.iter().sum::<usize>());
-        assert_eq!(b.entries_since(0, ReplicaId(9)), sizes[0] + sizes[2]);
-        assert_eq!(b.entries_since(2, ReplicaId(5)), sizes[2]);
-        assert_eq!(b.entries_since(3, ReplicaId(5)), 0);
-        let joined = b.since(0, ReplicaId(5)).unwrap();
-        assert!(joined.registration_count() + joined.lease_count() <= b.entries_since(0, ReplicaId(5)));
+        b.push(None, ds[1].clone());
+        b.push(Some(ReplicaId(9)), ds[2].clone());
+        assert_eq!(b.fits_until(0, ReplicaId(5), 4), Some(3), "all of it fits");
+        assert_eq!(b.fits_until(0, ReplicaId(5), 3), Some(2));
+        assert_eq!(b.fits_until(0, ReplicaId(5), 2), Some(1));
+        assert_eq!(
+            b.fits_until(0, ReplicaId(5), 1),
+            None,
+            "the first alone is too many"
+        );
+        // What came from the peer itself costs nothing: the limit reaches past it.
+        assert_eq!(b.fits_until(1, ReplicaId(9), 1), Some(3));
+        let part = b.between_for(0, 2, ReplicaId(5), None).unwrap();
+        assert_eq!(part.registration_count(), 2);
+        assert!(b.between_for(3, 3, ReplicaId(5), None).is_none());
     }
 
     #[test]

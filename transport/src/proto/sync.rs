@@ -86,31 +86,32 @@ impl Node {
             .get(&peer)
             .filter(|p| p.adopted)
             .and_then(|p| p.digest.as_deref());
-        // More than a peer takes in one delta (many batches joined, say a bulk
-        // load a new peer missed): the state elided against what it holds, which
-        // has no entry limit and crosses in chunks; one per pause, as a large one
-        // takes the peer a while to join and acknowledge (what comes after it goes
-        // in the repair round after that acknowledgement). Counted before joining:
-        // joining 100,000 entries per round kept an agent from answering for 30 s.
-        let too_many = self.buffer.entries_since(a, peer) > MAX_DELTA_ENTRIES;
-        let delta = if too_many {
-            None
-        } else {
-            self.buffer.since_for(a, peer, seen)
+        // At most what a peer takes in one delta (a bulk load a new peer missed can
+        // be more): the rest in the next push, numbered so its acknowledgement says how
+        // far it got. Counted before joining anything: joining 100,000 entries per round
+        // to find them too many kept an agent from answering for 30 s, and sending the
+        // whole state instead, which the peer took seconds to join and acknowledge, made
+        // it fall further behind.
+        let Some(until) = self.buffer.fits_until(a, peer, MAX_DELTA_ENTRIES) else {
+            // One buffered delta alone holds more: the state, elided.
+            self.send_full_unless_in_flight(peer, now);
+            return;
         };
-        match delta {
-            None if too_many => self.send_full_unless_in_flight(peer, now),
-            Some(delta) => self.send_to_peer(peer, Message::delta(head, &delta), now),
-            // Everything since was learnt from the peer itself.
+        match self.buffer.between_for(a, until, peer, seen) {
+            Some(delta) => self.send_to_peer(peer, Message::delta(until, &delta), now),
+            // Everything up to there was learnt from the peer itself.
             None if acked == Some(a) => {
                 if let Some(p) = self.peers.get_mut(&peer) {
-                    p.acked = Some(head);
+                    p.acked = Some(until);
                 }
             }
             None => {}
         }
         if let Some(p) = self.peers.get_mut(&peer) {
-            p.sent = Some(head);
+            p.sent = Some(until);
+        }
+        if until < head {
+            self.schedule_push(now);
         }
     }
 
