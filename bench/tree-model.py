@@ -30,6 +30,20 @@ def graph(n, rng, outbound):
     return [sorted(a) for a in adj]
 
 
+def hops_from(adj, origin):
+    """Links crossed from `origin` to each node, by breadth-first search."""
+    hops = [None] * len(adj)
+    hops[origin] = 0
+    q = deque([origin])
+    while q:
+        u = q.popleft()
+        for v in adj[u]:
+            if hops[v] is None:
+                hops[v] = hops[u] + 1
+                q.append(v)
+    return hops
+
+
 def spread(n, origin, eager, rng):
     """Time until every node has the change, and copies per node."""
     arrived = [None] * n
@@ -62,15 +76,7 @@ def main():
     for _ in range(3):
         adj = graph(n, rng, outbound)
         origin = rng.randrange(n)
-        hops = [None] * n
-        hops[origin] = 0
-        q = deque([origin])
-        while q:
-            u = q.popleft()
-            for v in adj[u]:
-                if hops[v] is None:
-                    hops[v] = hops[u] + 1
-                    q.append(v)
+        hops = hops_from(adj, origin)
 
         def parents_at_previous_hop(most):
             eager = [[] for _ in range(n)]
@@ -91,16 +97,7 @@ def main():
 
         def shared(most):
             """The trees of another origin, links used both ways: one tree for every origin."""
-            other = rng.randrange(n)
-            far = [None] * n
-            far[other] = 0
-            q = deque([other])
-            while q:
-                u = q.popleft()
-                for v in adj[u]:
-                    if far[v] is None:
-                        far[v] = far[u] + 1
-                        q.append(v)
+            far = hops_from(adj, rng.randrange(n))
             eager = [set() for _ in range(n)]
             for v in range(n):
                 ps = [u for u in adj[v] if far[u] == far[v] - 1]
