@@ -1113,7 +1113,8 @@ mod tests {
         );
     }
 
-    fn rec(instance: &str) -> OwnedRecord {
+    /// An own registration of `web` as a test saves it (shared with `entries_tests`).
+    pub(super) fn rec(instance: &str) -> OwnedRecord {
         OwnedRecord {
             service: "web".into(),
             instance: instance.into(),

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use redb::ReadableDatabase;
 use roster_registry::{codec, ChangedKeys, Endpoint, Hlc, ProviderId, Replica, ReplicaId, ServiceName};
 
+use super::tests::rec;
 use super::*;
 
 fn register(r: &mut Replica, provider: &str, port: u16, at: u64) {
@@ -127,18 +128,6 @@ fn a_format_1_store_whose_replica_is_damaged_is_reset_keeping_its_own_registrati
         Some(2u32.to_le_bytes().to_vec())
     );
     assert_eq!(meta_value(dir.path(), entries::K_STATE), None);
-}
-
-fn rec(instance: &str) -> OwnedRecord {
-    OwnedRecord {
-        service: "web".into(),
-        instance: instance.into(),
-        address: "127.0.0.1:80".into(),
-        meta: Vec::new(),
-        lease_ttl_ms: 30_000,
-        registered_at_ms: 1_000,
-        expires_at_ms: None,
-    }
 }
 
 #[test]
