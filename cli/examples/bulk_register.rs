@@ -45,16 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items: Vec<RegisterItem> = (0..n).map(item).collect();
     for chunk in items.chunks(batch) {
         let req = match mode.as_str() {
-            "one" => {
-                let i = chunk[0].clone();
-                Request::Register {
-                    service: i.service,
-                    address: i.address,
-                    meta: i.meta,
-                    instance: i.instance,
-                    ttl_ms: None,
-                }
-            }
+            "one" => Request::from(chunk[0].clone()),
             _ => Request::RegisterMany {
                 items: chunk.to_vec(),
             },

@@ -136,6 +136,19 @@ pub struct RegisterItem {
     pub ttl_ms: Option<u64>,
 }
 
+/// One item of a batch, asked alone.
+impl From<RegisterItem> for Request {
+    fn from(i: RegisterItem) -> Self {
+        Request::Register {
+            service: i.service,
+            address: i.address,
+            meta: i.meta,
+            instance: i.instance,
+            ttl_ms: i.ttl_ms,
+        }
+    }
+}
+
 /// One live instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceView {

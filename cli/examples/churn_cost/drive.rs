@@ -166,16 +166,7 @@ pub async fn drive(cluster: &Cluster, n: usize, first: u64, load: Load) -> Resul
 /// One `Register`, or a `RegisterMany` for more than one change.
 fn request(n: usize, seqs: &[u64]) -> Request {
     match seqs {
-        [seq] => {
-            let i = item(n, *seq);
-            Request::Register {
-                service: i.service,
-                address: i.address,
-                meta: i.meta,
-                instance: i.instance,
-                ttl_ms: None,
-            }
-        }
+        [seq] => Request::from(item(n, *seq)),
         _ => Request::RegisterMany {
             items: seqs.iter().map(|&s| item(n, s)).collect(),
         },
