@@ -741,3 +741,59 @@ fn deltas_past_the_entry_limit_go_in_pieces_each_within_it() {
     let fulls = sim.node(0).unwrap().counters().full_syncs_sent - fulls_before;
     assert_eq!(fulls, 0, "elided states sent (seed {seed})");
 }
+
+#[test]
+fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
+    let seed = sim_seed("slow_acks");
+    let cfg = Config {
+        member_lease_ttl_ms: 3_600_000,
+        lease_per_member_ms: 0,
+        ..config()
+    };
+    let mut sim = Sim::new(2, cfg, Faults::NONE, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    sim.run_for(5_000);
+    // Ten seconds each way: an acknowledgement comes back twenty seconds after the send,
+    // as from a peer that takes that long to join what it was sent.
+    let slow = Faults {
+        min_delay_ms: 10_000,
+        max_delay_ms: 10_000,
+        ..Faults::NONE
+    };
+    sim.set_machine_faults(1, Some(slow));
+    let deltas = |sim: &Sim| sim.traffic_by_kind().get("delta").map_or(0, |k| k.0);
+    let before = deltas(&sim);
+    let web = ServiceName::new("web").unwrap();
+    let p = ProviderId::new("w0").unwrap();
+    let ep = Endpoint::new("10.0.0.1", 80).unwrap();
+    sim.with_node(0, |n, now| {
+        n.register(web.clone(), p.clone(), ep, Default::default(), now)
+    })
+    .unwrap()
+    .unwrap();
+    sim.run_for(19_000);
+    // Gossip rounds come every second: resent at each, that is about twenty copies.
+    // Resent after 2 s, then 4 and 8 more: the first send and three resends.
+    let sent = deltas(&sim) - before;
+    assert!(
+        (2..=4).contains(&sent),
+        "{sent} deltas before the first acknowledgement could come back (seed {seed})"
+    );
+    // Once acknowledged, nothing more is resent.
+    sim.run_for(30_000);
+    let after_ack = deltas(&sim) - before;
+    assert!(
+        after_ack <= sent + 1,
+        "{after_ack} deltas after the acknowledgement, {sent} before (seed {seed})"
+    );
+    let shows = sim
+        .node(1)
+        .unwrap()
+        .replica()
+        .instances(&web, sim.now_ms())
+        .count();
+    assert_eq!(shows, 1, "the peer never got the write (seed {seed})");
+}

@@ -181,9 +181,11 @@ impl NodeTask {
                     );
                     break;
                 }
+                // Timers first when due: a stream of events (a bulk load arriving) must
+                // not hold back the acknowledgements a timer sends.
+                () = sleep_until(wake) => self.on_timer(),
                 Some(ev) = self.events.recv() => self.on_event(ev),
                 Some(cmd) = self.commands.recv() => self.on_command(cmd),
-                () = sleep_until(wake) => self.on_timer(),
             }
         }
         self.flush();

@@ -316,6 +316,8 @@ impl Node {
             if let Some(p) = self.peers.get_mut(&c.peer) {
                 p.sent = None;
                 p.full_sent_at = None;
+                p.resend_at = None;
+                p.resends = 0;
                 p.digest_sent_at = None;
                 // It may come back from an older disk: its next digest tells.
                 p.digest = None;

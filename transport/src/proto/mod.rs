@@ -180,6 +180,10 @@ pub struct Config {
     /// How long a full state sent to a peer waits for its acknowledgement before another
     /// may follow.
     pub full_sync_pause_ms: u64,
+    /// How long deltas sent to a peer wait for its acknowledgement before a gossip round
+    /// sends them again; doubled at each resend without progress (up to 16 times). A peer
+    /// still joining what it was sent is not sent it again every round (see `sync`).
+    pub resend_after_ms: u64,
     /// How often one peer that stopped being a member is dialed again (jittered ±25%).
     pub reconnect_interval_ms: u64,
     /// How long such a peer is remembered.
@@ -213,6 +217,7 @@ impl Default for Config {
             max_skew_ms: 5_000,
             max_counter_jump: Bounds::DEFAULT_MAX_COUNTER_JUMP,
             full_sync_pause_ms: 5_000,
+            resend_after_ms: 2_000,
             reconnect_interval_ms: 30_000,
             forget_lost_after_ms: 24 * 60 * 60 * 1000,
             dial: true,
@@ -319,6 +324,10 @@ struct Peer {
     /// When we last sent it a full state (not again before the ack or a pause); monotonic
     /// ms, like every time kept for a timer.
     full_sent_at: Option<u64>,
+    /// When what was sent and not acknowledged may be sent again (see `Config::resend_after_ms`).
+    resend_at: Option<u64>,
+    /// Resends since its acknowledgement last advanced.
+    resends: u32,
     /// Its last digest (boxed: most peers, members never connected, have none).
     digest: Option<Box<CausalContext>>,
     /// Its dial backoff, in monotonic time (saved in wall time).
@@ -1298,12 +1307,7 @@ impl Node {
                     Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
                 }
             }
-            Message::Ack { seq } => {
-                let p = self.peers.entry(peer).or_default();
-                p.acked = Some(p.acked.map_or(seq, |a| a.max(seq)));
-                p.full_sent_at = None;
-                p.adopted = false;
-            }
+            Message::Ack { seq } => self.on_ack(peer, seq, now),
             // At most one full state per pause, however often a peer asks: a request of a
             // few bytes must not buy a registry's worth of them each time.
             Message::NeedFull if !self.full_in_flight(peer, now) => {

@@ -50,13 +50,25 @@ impl Node {
         let head = self.buffer.head();
         // The peer's digest (a context naming every node) is cloned only where it is used:
         // a clone per push would cost O(nodes) per message.
-        let (acked, sent, full_sent_at) = match self.peers.get(&peer) {
-            Some(p) => (p.acked, p.sent, p.full_sent_at),
+        let (acked, sent, full_sent_at, resend_at) = match self.peers.get(&peer) {
+            Some(p) => (p.acked, p.sent, p.full_sent_at, p.resend_at),
             None => return,
         };
         // A push sends what came after the last send; a repair round what came after the
-        // last acknowledgement (what was sent may have been lost).
-        let from = if repair { acked } else { acked.max(sent) };
+        // last acknowledgement (what was sent may have been lost), once it has waited
+        // long enough for that acknowledgement. Resent every round, a bulk load a peer
+        // takes seconds to join queued copies faster than it joined them, and it stopped
+        // answering (the acknowledgements waited behind the copies).
+        let in_flight = matches!((acked, sent), (Some(a), Some(s)) if s > a);
+        let resend = repair && in_flight && resend_at.is_none_or(|t| now.mono_ms >= t);
+        let from = if repair && (!in_flight || resend) {
+            acked
+        } else {
+            acked.max(sent)
+        };
+        if resend {
+            self.resent(peer, now);
+        }
         match from {
             Some(a) if a >= head => {}
             Some(a) if self.buffer.covers(a) => self.send_from_buffer(peer, a, acked, now),
@@ -107,12 +119,40 @@ impl Node {
             }
             None => {}
         }
+        let wait = self.cfg.resend_after_ms;
         if let Some(p) = self.peers.get_mut(&peer) {
             p.sent = Some(until);
+            if p.acked.is_some_and(|a| a < until) {
+                p.resend_at.get_or_insert(now.mono_ms + wait);
+            }
         }
         if until < head {
             self.schedule_push(now);
         }
+    }
+
+    /// A repair round sends `peer` again what it has not acknowledged: the next resend
+    /// waits twice as long, up to 2^16 times `resend_after_ms`.
+    fn resent(&mut self, peer: ReplicaId, now: Now) {
+        let wait = self.cfg.resend_after_ms;
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.resends = p.resends.saturating_add(1);
+            p.resend_at = Some(now.mono_ms + (wait << p.resends.min(16)));
+        }
+    }
+
+    /// `peer` acknowledged our delta `seq`.
+    pub(super) fn on_ack(&mut self, peer: ReplicaId, seq: u64, now: Now) {
+        let wait = self.cfg.resend_after_ms;
+        let p = self.peers.entry(peer).or_default();
+        if p.acked.is_none_or(|a| a < seq) {
+            p.acked = Some(seq);
+            p.resends = 0;
+            // What is still unacknowledged gets a fresh wait.
+            p.resend_at = p.sent.filter(|&s| s > seq).map(|_| now.mono_ms + wait);
+        }
+        p.full_sent_at = None;
+        p.adopted = false;
     }
 
     /// The state elided against the peer's digest (all of it without one), unless one is
