@@ -488,3 +488,45 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
     let lease = node.replica().lease_of(ReplicaId(1)).unwrap();
     assert_eq!(lease.ttl_ms, 4 * cfg.member_lease_ttl_ms);
 }
+
+#[test]
+fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let bulk = ServiceName::new("bulk").unwrap();
+    let item = |i: usize, meta: Metadata| OwnedRegistration {
+        service: bulk.clone(),
+        provider: ProviderId::new(&format!("b{i}")).unwrap(),
+        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+        meta,
+    };
+    const OWNED: usize = 25_000;
+    let mut owned: Vec<OwnedRegistration> = (0..OWNED).map(|i| item(i, Metadata::default())).collect();
+    // One record saved under older limits: a key with '=' is refused now, the rest stand.
+    owned.push(item(OWNED, [("a=b", "c")].into()));
+    let t0 = 1_000_000;
+    let (node, resumed) = Node::with_resume(
+        me,
+        Replica::new(ReplicaId(1)),
+        Vec::<String>::new(),
+        config(),
+        5,
+        t0,
+        Resume {
+            owned,
+            drop_unowned: true,
+            ..Resume::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((resumed.rewritten, resumed.refused), (OWNED, 1));
+    let shows = node.replica().instances(&bulk, t0).count();
+    assert_eq!(shows, OWNED, "every registration that stands is back");
+    // Batches of at most 10,000: three deltas for the registrations, besides the
+    // membership's and the gap's; one by one, it was 25,000.
+    let (head, _) = node.replication_state();
+    assert!(head <= 5, "{head} deltas buffered for {OWNED} registrations");
+}

@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, Hlc, HlcClock, InvalidInput,
-    Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
+    validate_metadata, Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, Hlc, HlcClock,
+    InvalidInput, Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
 };
 
 use crate::backoff::{Backoff, BackoffPolicy, Failure};
@@ -51,6 +51,10 @@ pub const MEMBERS_SERVICE: &str = "roster";
 /// The most dots a full sync may teach us for us to forward what it taught as a delta;
 /// past that, peers are asked for their digests instead.
 pub const MAX_FORWARD_DOTS: usize = 100_000;
+
+/// The most own registrations a resuming node writes again in one delta (well within
+/// what a peer takes in one, `MAX_DELTA_ENTRIES`).
+const RESUME_BATCH: usize = 10_000;
 
 /// The most seed URLs a node keeps (given at start, or learnt from redirects).
 pub const MAX_SEEDS: usize = 32;
@@ -776,14 +780,23 @@ impl Node {
             service: member.0.clone(),
             provider: member.1.clone(),
         });
-        for o in resume.owned {
-            keys.insert(RegKey {
-                service: o.service.clone(),
-                provider: o.provider.clone(),
-            });
-            match self.register(o.service, o.provider, o.endpoint, o.meta, now) {
-                Ok(()) => done.rewritten += 1,
-                Err(_) => done.refused += 1,
+        // In bulk: one delta per batch, not one per registration (100,000 one by one took
+        // about 2 s before a restarted node served reads).
+        let (mut owned, refused): (Vec<_>, Vec<_>) = resume
+            .owned
+            .into_iter()
+            .partition(|o| validate_metadata(&o.meta).is_ok());
+        done.refused = refused.len();
+        keys.extend(owned.iter().map(|o| RegKey {
+            service: o.service.clone(),
+            provider: o.provider.clone(),
+        }));
+        while !owned.is_empty() {
+            let batch: Vec<OwnedRegistration> = owned.drain(..owned.len().min(RESUME_BATCH)).collect();
+            let n = batch.len();
+            match self.register_many(batch, now) {
+                Ok(()) => done.rewritten += n,
+                Err(_) => done.refused += n,
             }
         }
         let stale: Vec<RegKey> = if resume.drop_unowned {
