@@ -582,6 +582,23 @@ impl Node {
         resume: Resume,
     ) -> Result<(Self, Resumed), InvalidInput> {
         let now: Now = now.into();
+        let (mut node, resume) = Self::build(me, replica, seeds, cfg, seed, now, resume)?;
+        let resumed = node.resume(resume, now);
+        node.dial_more(now);
+        Ok((node, resumed))
+    }
+
+    /// The node [`Node::with_resume`] makes, with its membership written, before it writes
+    /// its own registrations again; gives back the `resume` it was given.
+    fn build(
+        me: NodeInfo,
+        replica: Replica,
+        seeds: impl IntoIterator<Item = String>,
+        cfg: Config,
+        seed: u64,
+        now: Now,
+        resume: Resume,
+    ) -> Result<(Self, Resume), InvalidInput> {
         let time = WallGuard::new(now);
         let endpoint = url_endpoint(&me.url)?;
         let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
@@ -666,9 +683,7 @@ impl Node {
             meta,
             now,
         )?;
-        let resumed = node.resume(resume, now);
-        node.dial_more(now);
-        Ok((node, resumed))
+        Ok((node, resume))
     }
 
     /// Who this node is.
