@@ -824,6 +824,9 @@ impl NodeBuilder {
                 node.inner.cancel.clone(),
             ));
         }
+        // Clients are served from here on, from the replica as loaded; what this returns
+        // shows the node's own registrations written again.
+        node.inner.handle.resumed().await;
         Ok(node)
     }
 }

@@ -530,3 +530,57 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
     let (head, _) = node.replication_state();
     assert!(head <= 5, "{head} deltas buffered for {OWNED} registrations");
 }
+
+#[test]
+fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let web = ServiceName::new("web").unwrap();
+    let owned = vec![OwnedRegistration {
+        service: web.clone(),
+        provider: ProviderId::new("w1").unwrap(),
+        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+        meta: Metadata::default(),
+    }];
+    let t0 = 1_000_000;
+    let resume = || Resume {
+        owned: owned.clone(),
+        drop_unowned: true,
+        ..Resume::default()
+    };
+    let start = |r: Resume| {
+        Node::with_deferred_resume(
+            me.clone(),
+            Replica::new(ReplicaId(1)),
+            vec![url(0)],
+            config(),
+            5,
+            t0,
+            r,
+        )
+    };
+    let (mut node, pending) = start(resume()).unwrap();
+    assert_eq!(
+        node.replica().instances(&web, t0).count(),
+        0,
+        "written before finish_resume"
+    );
+    let resumed = node.finish_resume(pending, t0);
+    assert_eq!(resumed.rewritten, 1);
+    assert_eq!(node.replica().instances(&web, t0).count(), 1);
+    // The same state as the resume done at once.
+    let (at_once, _) = Node::with_resume(
+        me.clone(),
+        Replica::new(ReplicaId(1)),
+        vec![url(0)],
+        config(),
+        5,
+        t0,
+        resume(),
+    )
+    .unwrap();
+    assert_eq!(node.replica().state(), at_once.replica().state());
+}

@@ -69,7 +69,7 @@ pub use limits::{DriverCounters, Limits};
 pub use tls::{ClientTls, TlsConfig};
 
 use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
-use crate::proto::{self, Node, NodeInfo};
+use crate::proto::{self, Node, NodeInfo, Resumed};
 use conn::{InboundGuard, Shared};
 use node::{Command, NodeTask, Publish, Status};
 
@@ -240,6 +240,7 @@ struct Inner {
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     done: watch::Receiver<bool>,
+    resumed: watch::Receiver<bool>,
 }
 
 /// Starts a node on `listener` (already bound: tests bind `127.0.0.1:0`), resuming
@@ -291,7 +292,9 @@ pub fn start(
     let seed = getrandom::u64().map_err(StartError::Random)?;
     let guarded = config.resume.crash_guard;
     let clocks = Clocks::start();
-    let (mut node, resumed) = Node::with_resume(
+    // Own registrations are written again by the node task, first thing: reads are served
+    // from the replica as loaded meanwhile (see `Handle::resumed`).
+    let (mut node, pending) = Node::with_deferred_resume(
         info.clone(),
         replica,
         seeds,
@@ -300,16 +303,6 @@ pub fn start(
         clocks.now(),
         config.resume,
     )?;
-    if resumed.rewritten + resumed.refused + resumed.removed > 0 || resumed.gap > 0 {
-        info!(
-            node = info.name,
-            rewritten = resumed.rewritten,
-            refused = resumed.refused,
-            removed = resumed.removed,
-            gap = resumed.gap,
-            "resumed: own registrations written again"
-        );
-    }
 
     let shutdown = shutdown.child_token();
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -323,6 +316,7 @@ pub fn start(
     let (replica_tx, replica_rx) = watch::channel(Arc::new(node.replica().clone()));
     let (status_tx, status_rx) = watch::channel(Status::default());
     let (done_tx, done_rx) = watch::channel(false);
+    let (resumed_tx, resumed_rx) = watch::channel(false);
     let handshake = HandshakeConfig {
         cluster: config.cluster.clone(),
         node: info.clone(),
@@ -350,7 +344,7 @@ pub fn start(
     info!(node = info.name, id = %info.id, %url, cluster = config.cluster, "listening");
 
     tracker.spawn(accept_loop(listener, Arc::clone(&shared), tracker.clone()).instrument(span.clone()));
-    let task = NodeTask::new(
+    let mut task = NodeTask::new(
         node,
         clocks,
         Arc::clone(&shared),
@@ -364,8 +358,11 @@ pub fn start(
             unsaved: unsaved.clone(),
         },
     );
+    let name = info.name.clone();
     tokio::spawn(
         async move {
+            log_resumed(&name, &task.finish_resume(pending));
+            resumed_tx.send_replace(true);
             task.run().await;
             done_tx.send_replace(true);
         }
@@ -383,8 +380,22 @@ pub fn start(
             shared,
             shutdown,
             done: done_rx,
+            resumed: resumed_rx,
         }),
     })
+}
+
+fn log_resumed(node: &str, resumed: &Resumed) {
+    if resumed.rewritten + resumed.refused + resumed.removed > 0 || resumed.gap > 0 {
+        info!(
+            node,
+            rewritten = resumed.rewritten,
+            refused = resumed.refused,
+            removed = resumed.removed,
+            gap = resumed.gap,
+            "resumed: own registrations written again"
+        );
+    }
 }
 
 /// Takes inbound connections until shutdown, dropping at once those over the inbound cap.
@@ -618,6 +629,14 @@ impl Handle {
             .send(Command::CrashGuard(on))
             .await
             .map_err(|_| DriverError::Stopped)
+    }
+
+    /// Waits until the node has written its own registrations again (at start, before it
+    /// talks to any peer), so a read shows them; until then reads show the replica as
+    /// it was loaded. Returns at once after that, and when the node has stopped.
+    pub async fn resumed(&self) {
+        let mut resumed = self.inner.resumed.clone();
+        let _ = resumed.wait_for(|r| *r).await;
     }
 
     /// Waits until the node has stopped (without asking it to).

@@ -18,7 +18,7 @@ use super::limits::bump;
 use super::quiet_log::QuietLog;
 use super::{Clocks, DriverError};
 use crate::message::Message;
-use crate::proto::{ConnId, Counters, Node, Output, ProtocolError};
+use crate::proto::{ConnId, Counters, Node, Output, ProtocolError, Resume, Resumed};
 
 /// The least time between two published replica snapshots, so a burst of deltas costs
 /// one copy, not one per delta. A handle's own writes are published at once.
@@ -141,6 +141,15 @@ impl NodeTask {
             events_due: Vec::new(),
             refusals: QuietLog::new(REFUSAL_LOG_EVERY_MS),
         }
+    }
+
+    /// Writes the node's own registrations again (`Node::finish_resume`), before anything
+    /// else, and publishes the replica that shows them.
+    pub(super) fn finish_resume(&mut self, resume: Resume) -> Resumed {
+        let resumed = self.node.finish_resume(resume, self.clocks.now());
+        self.flush();
+        self.publish_replica();
+        resumed
     }
 
     /// Runs until a graceful shutdown has finished (or run out of time).
