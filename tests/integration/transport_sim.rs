@@ -101,6 +101,16 @@ impl Workload {
     }
 }
 
+/// A simulation of `n` clean nodes, run until they converge (within a minute).
+fn converged(n: usize, cfg: Config, seed: u64) -> Sim {
+    let mut sim = Sim::new(n, cfg, Faults::NONE, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    sim
+}
+
 /// Runs in 1-second steps until `done` holds or `limit_s` seconds pass; returns the seconds.
 fn settle(sim: &mut Sim, limit_s: u64, mut done: impl FnMut(&Sim) -> bool) -> Option<u64> {
     for s in 0..=limit_s {
@@ -559,11 +569,7 @@ fn rotations_between_nodes_in_step(seed: u64) {
         lease_per_member_ms: 0,
         ..config()
     };
-    let mut sim = Sim::new(10, cfg, Faults::NONE, seed);
-    assert!(
-        settle(&mut sim, 60, Sim::converged).is_some(),
-        "did not converge (seed {seed})"
-    );
+    let mut sim = converged(10, cfg, seed);
     let held = ServiceName::new("held").unwrap();
     for i in 0..1_100 {
         let p = ProviderId::new(&format!("h{i}")).unwrap();
@@ -630,11 +636,7 @@ fn a_stream_of_writes_is_pushed_at_the_push_rate_and_acknowledged_in_batches() {
         push_burst: 5,
         ..config()
     };
-    let mut sim = Sim::new(3, cfg, Faults::NONE, seed);
-    assert!(
-        settle(&mut sim, 60, Sim::converged).is_some(),
-        "did not converge (seed {seed})"
-    );
+    let mut sim = converged(3, cfg, seed);
     sim.run_for(5_000);
     let before = sim.traffic_by_kind().clone();
     // One write a millisecond for two seconds: twenty times the push rate.
@@ -685,11 +687,7 @@ fn deltas_past_the_entry_limit_go_in_pieces_each_within_it() {
         lease_per_member_ms: 0,
         ..config()
     };
-    let mut sim = Sim::new(2, cfg, Faults::NONE, seed);
-    assert!(
-        settle(&mut sim, 60, Sim::converged).is_some(),
-        "did not converge (seed {seed})"
-    );
+    let mut sim = converged(2, cfg, seed);
     // Node 1 misses a bulk load of seven batches: each delta is within the limit, the
     // seven joined (70,000 registrations) are not.
     sim.partition(|i| i as u32);
@@ -750,11 +748,7 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
         lease_per_member_ms: 0,
         ..config()
     };
-    let mut sim = Sim::new(2, cfg, Faults::NONE, seed);
-    assert!(
-        settle(&mut sim, 60, Sim::converged).is_some(),
-        "did not converge (seed {seed})"
-    );
+    let mut sim = converged(2, cfg, seed);
     sim.run_for(5_000);
     // Ten seconds each way: an acknowledgement comes back twenty seconds after the send,
     // as from a peer that takes that long to join what it was sent.
