@@ -582,9 +582,8 @@ impl Node {
         resume: Resume,
     ) -> Result<(Self, Resumed), InvalidInput> {
         let now: Now = now.into();
-        let (mut node, resume) = Self::build(me, replica, seeds, cfg, seed, now, resume)?;
-        let resumed = node.resume(resume, now);
-        node.dial_more(now);
+        let (mut node, resume) = Self::with_deferred_resume(me, replica, seeds, cfg, seed, now, resume)?;
+        let resumed = node.finish_resume(resume, now);
         Ok((node, resumed))
     }
 
@@ -618,7 +617,7 @@ impl Node {
         self.resume(resume, now)
     }
 
-    /// The node [`Node::with_resume`] makes, with its membership written, before it writes
+    /// The node [`Node::with_deferred_resume`] makes, with its membership written, before it writes
     /// its own registrations again; gives back the `resume` it was given.
     fn build(
         me: NodeInfo,
