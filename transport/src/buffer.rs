@@ -143,6 +143,18 @@ impl DeltaBuffer {
         self.between_for(acked, self.head, exclude, seen)
     }
 
+    /// The encoded delta [`DeltaBuffer::between_for`] (without `seen`) would join, when
+    /// there is exactly one: it can be sent as buffered, without a decode, a join and an
+    /// encode. Most pushes carry one delta; decoding and re-encoding it for every peer was
+    /// a sixth of a writer's CPU at 5,000 changes a second.
+    pub fn single_between(&self, acked: u64, until: u64, exclude: ReplicaId) -> Option<&[u8]> {
+        let mut wanted = self
+            .after(acked)
+            .filter(|e| e.seq <= until && e.origin != Some(exclude));
+        let one = wanted.next()?;
+        wanted.next().is_none().then_some(&one.delta[..])
+    }
+
     /// [`DeltaBuffer::since_for`], up to `until` (see [`DeltaBuffer::fits_until`]).
     pub fn between_for(
         &self,
@@ -200,6 +212,23 @@ mod tests {
         assert_eq!(to_5.registration_count(), 2);
         assert!(b.since(3, ReplicaId(5)).is_none());
         assert!(to_5.is_delta());
+    }
+
+    #[test]
+    fn a_lone_delta_goes_as_buffered_and_decodes_to_what_a_join_would_send() {
+        let mut b = DeltaBuffer::new(8);
+        let ds = deltas(3);
+        b.push(None, ds[0].clone());
+        b.push(Some(ReplicaId(9)), ds[1].clone());
+        b.push(None, ds[2].clone());
+        // To 9, after 1: only the third (the second came from 9).
+        let one = b.single_between(1, 3, ReplicaId(9)).unwrap();
+        let joined = b.between_for(1, 3, ReplicaId(9), None).unwrap();
+        assert_eq!(decode_state(one).unwrap(), joined);
+        // Two to join, or none: no single delta.
+        assert!(b.single_between(1, 3, ReplicaId(5)).is_none());
+        assert!(b.single_between(3, 3, ReplicaId(5)).is_none());
+        assert!(b.single_between(1, 2, ReplicaId(9)).is_none());
     }
 
     #[test]

@@ -200,6 +200,14 @@ impl Message {
         }
     }
 
+    /// A delta message from a delta already encoded (by `codec::encode_state`).
+    pub fn encoded_delta(seq: u64, delta: &[u8]) -> Self {
+        Message::Delta {
+            seq,
+            delta: delta.to_vec(),
+        }
+    }
+
     /// An elided-state message.
     pub fn elided(seq: u64, elided: &Elided) -> Self {
         Message::Elided {

@@ -109,8 +109,19 @@ impl Node {
             self.send_full_unless_in_flight(peer, now);
             return;
         };
-        match self.buffer.between_for(a, until, peer, seen) {
-            Some(delta) => self.send_to_peer(peer, Message::delta(until, &delta), now),
+        // One delta, untrimmed, goes as it was buffered.
+        let single = seen
+            .is_none()
+            .then(|| self.buffer.single_between(a, until, peer))
+            .flatten()
+            .map(|bytes| Message::encoded_delta(until, bytes));
+        let message = single.or_else(|| {
+            self.buffer
+                .between_for(a, until, peer, seen)
+                .map(|delta| Message::delta(until, &delta))
+        });
+        match message {
+            Some(message) => self.send_to_peer(peer, message, now),
             // Everything up to there was learnt from the peer itself.
             None if acked == Some(a) => {
                 if let Some(p) = self.peers.get_mut(&peer) {
