@@ -147,6 +147,15 @@ impl Envelope {
         }
     }
 
+    /// How many bytes [`Envelope::encode`] makes, without making them (the counters ask
+    /// for every message sent; an encoding to count it copied each payload once more).
+    pub fn encoded_len(&self) -> usize {
+        match postcard::experimental::serialized_size(self) {
+            Ok(n) => n,
+            Err(e) => unreachable!("postcard failed to size a message: {e}"),
+        }
+    }
+
     /// Decodes an envelope, refusing trailing bytes and over-long reasons.
     ///
     /// # Errors
@@ -305,6 +314,12 @@ mod tests {
         };
         let mut bytes = env.encode();
         assert_eq!(Envelope::decode(&bytes).unwrap(), env);
+        assert_eq!(env.encoded_len(), bytes.len());
+        let delta = Envelope {
+            sent_at: Hlc::new(1 << 40, 3),
+            message: Message::encoded_delta(7, &[1; 300]),
+        };
+        assert_eq!(delta.encoded_len(), delta.encode().len());
         bytes.push(0);
         assert_eq!(Envelope::decode(&bytes), Err(MessageError::TrailingBytes(1)));
         // (Seven, seven, seven is a valid probe now; a variant past the last is not.)

@@ -475,7 +475,7 @@ impl Sim {
     }
 
     fn send(&mut self, from: usize, conn: ConnId, envelope: Envelope) {
-        let bytes = envelope.encode().len() as u64;
+        let bytes = envelope.encoded_len() as u64;
         let kind = match &envelope.message {
             crate::message::Message::Digest { .. } => "digest",
             crate::message::Message::Delta { delta, .. } => {

@@ -204,7 +204,7 @@ impl Node {
             message,
         };
         self.counters.messages_sent += 1;
-        self.counters.bytes_sent += envelope.encode().len() as u64;
+        self.counters.bytes_sent += envelope.encoded_len() as u64;
         self.outputs.push_back(Output::Send { conn, envelope });
     }
 
