@@ -185,8 +185,9 @@ pub struct Config {
     /// may follow.
     pub full_sync_pause_ms: u64,
     /// How long deltas sent to a peer wait for its acknowledgement before a gossip round
-    /// sends them again; doubled at each resend without progress (up to 16 times). A peer
-    /// still joining what it was sent is not sent it again every round (see `sync`).
+    /// sends them again; doubled at each resend without progress, to at most 32 times
+    /// this (64 s at the default). A peer still joining what it was sent is not sent it
+    /// again every round (see `sync`).
     pub resend_after_ms: u64,
     /// How often one peer that stopped being a member is dialed again (jittered ±25%).
     pub reconnect_interval_ms: u64,

@@ -8,6 +8,10 @@ use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
 use crate::message::{self, Envelope, Message, MAX_DELTA_ENTRIES};
 
+/// How often a resend's wait may double: 2^5 times `resend_after_ms`, about a minute at
+/// the default, so a peer that stopped acknowledging is still tried, rarely.
+const MAX_RESEND_DOUBLINGS: u32 = 5;
+
 impl Node {
     /// Up to `n` distinct random peers with an open connection, other than `except`.
     pub(super) fn random_connected(&mut self, n: usize, except: Option<ReplicaId>) -> Vec<ReplicaId> {
@@ -143,12 +147,12 @@ impl Node {
     }
 
     /// A repair round sends `peer` again what it has not acknowledged: the next resend
-    /// waits twice as long, up to 2^16 times `resend_after_ms`.
+    /// waits twice as long, up to 32 times `resend_after_ms` (a stuck peer is still tried about every minute).
     fn resent(&mut self, peer: ReplicaId, now: Now) {
         let wait = self.cfg.resend_after_ms;
         if let Some(p) = self.peers.get_mut(&peer) {
             p.resends = p.resends.saturating_add(1);
-            p.resend_at = Some(now.mono_ms + (wait << p.resends.min(16)));
+            p.resend_at = Some(now.mono_ms + (wait << p.resends.min(MAX_RESEND_DOUBLINGS)));
         }
     }
 
