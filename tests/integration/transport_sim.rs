@@ -760,14 +760,20 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
     sim.set_machine_faults(1, Some(slow));
     let deltas = |sim: &Sim| sim.traffic_by_kind().get("delta").map_or(0, |k| k.0);
     let before = deltas(&sim);
+    // A bulk load: past what is resent at every round (small ones still are).
     let web = ServiceName::new("web").unwrap();
-    let p = ProviderId::new("w0").unwrap();
-    let ep = Endpoint::new("10.0.0.1", 80).unwrap();
-    sim.with_node(0, |n, now| {
-        n.register(web.clone(), p.clone(), ep, Default::default(), now)
-    })
-    .unwrap()
-    .unwrap();
+    const BULK: usize = 2_000;
+    let items = (0..BULK)
+        .map(|i| OwnedRegistration {
+            service: web.clone(),
+            provider: ProviderId::new(&format!("w{i}")).unwrap(),
+            endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+            meta: Default::default(),
+        })
+        .collect();
+    sim.with_node(0, |n, now| n.register_many(items, now))
+        .unwrap()
+        .unwrap();
     sim.run_for(19_000);
     // Gossip rounds come every second: resent at each, that is about twenty copies.
     // Resent after 2 s, then 4 and 8 more: the first send and three resends.
@@ -789,5 +795,5 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
         .replica()
         .instances(&web, sim.now_ms())
         .count();
-    assert_eq!(shows, 1, "the peer never got the write (seed {seed})");
+    assert_eq!(shows, BULK, "the peer never got the writes (seed {seed})");
 }

@@ -8,6 +8,10 @@ use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
 use crate::message::{self, Envelope, Message, MAX_DELTA_ENTRIES};
 
+/// Unacknowledged deltas holding at most this many entries are resent at every repair
+/// round, as they always were; only more waits (`Config::resend_after_ms`).
+const RESEND_AT_ONCE_ENTRIES: usize = 1_000;
+
 /// How often a resend's wait may double: 2^5 times `resend_after_ms`, about a minute at
 /// the default, so a peer that stopped acknowledging is still tried, rarely.
 const MAX_RESEND_DOUBLINGS: u32 = 5;
@@ -63,14 +67,18 @@ impl Node {
         // long enough for that acknowledgement. Resent every round, a bulk load a peer
         // takes seconds to join queued copies faster than it joined them, and it stopped
         // answering (the acknowledgements waited behind the copies).
-        let in_flight = matches!((acked, sent), (Some(a), Some(s)) if s > a);
-        let resend = repair && in_flight && resend_at.is_none_or(|t| now.mono_ms >= t);
-        let from = if repair && (!in_flight || resend) {
+        let in_flight = match (acked, sent) {
+            (Some(a), Some(s)) if s > a => Some(self.buffer.entries_between(a, s)),
+            _ => None,
+        };
+        let big = in_flight.is_some_and(|n| n > RESEND_AT_ONCE_ENTRIES);
+        let waited = resend_at.is_none_or(|t| now.mono_ms >= t);
+        let from = if repair && (!big || waited) {
             acked
         } else {
             acked.max(sent)
         };
-        if resend {
+        if repair && big && waited {
             self.resent(peer, now);
         }
         match from {
