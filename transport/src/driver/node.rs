@@ -190,11 +190,15 @@ impl NodeTask {
                     );
                     break;
                 }
-                // Timers first when due: a stream of events (a bulk load arriving) must
-                // not hold back the acknowledgements a timer sends.
-                () = sleep_until(wake) => self.on_timer(),
-                Some(ev) = self.events.recv() => self.on_event(ev),
+                // A due timer is served after each event too: a stream of events (a bulk
+                // load arriving) must not hold back the acknowledgements a timer sends. Not
+                // before events: a timer that stays due would starve them.
+                Some(ev) = self.events.recv() => {
+                    self.on_event(ev);
+                    self.on_timer();
+                }
                 Some(cmd) = self.commands.recv() => self.on_command(cmd),
+                () = sleep_until(wake) => self.on_timer(),
             }
         }
         self.flush();
