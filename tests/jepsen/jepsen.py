@@ -204,7 +204,7 @@ class Cluster:
             if m != n:
                 args += ["--join", f"wss://127.0.0.1:{PORT[m]}"]
         env = dict(os.environ)
-        env.setdefault("RUST_LOG", "info")
+        env.setdefault("ROSTER_LOG", "info")
         if clock_ahead:
             # libfaketime moves the wall clock only (as an NTP step or a bad RTC would):
             # the agent's timers run on the monotonic clock

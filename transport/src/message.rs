@@ -182,6 +182,30 @@ impl Envelope {
 }
 
 impl Message {
+    /// The message's kind, for logs and traffic counts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Digest { .. } => "digest",
+            Message::Delta { .. } => "delta",
+            Message::Elided { .. } => "elided",
+            Message::Ack { .. } => "ack",
+            Message::NeedFull => "need-full",
+            Message::Redirect { .. } => "redirect",
+            Message::Goodbye { .. } => "goodbye",
+            Message::DigestHash { .. } => "digest-hash",
+            Message::ProbeReq { .. } => "probe-req",
+            Message::ProbeAck { .. } => "probe-ack",
+        }
+    }
+
+    /// The sender's buffer sequence number a delta, full state or acknowledgement names.
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Message::Delta { seq, .. } | Message::Elided { seq, .. } | Message::Ack { seq } => Some(*seq),
+            _ => None,
+        }
+    }
+
     /// A digest message for `ctx`; `state` the hash of the sender's state, sent with
     /// digests that ask (not with replies).
     pub fn digest(ctx: &CausalContext, reply: bool, state: Option<[u8; 16]>) -> Self {

@@ -477,24 +477,13 @@ impl Sim {
     fn send(&mut self, from: usize, conn: ConnId, envelope: Envelope) {
         let bytes = envelope.encoded_len() as u64;
         let kind = match &envelope.message {
-            crate::message::Message::Digest { .. } => "digest",
-            crate::message::Message::Delta { delta, .. } => {
-                let leases_only = self.classify_deltas
-                    && crate::message::decode_delta(delta).is_ok_and(|d| d.registration_count() == 0);
-                if leases_only {
-                    "delta-leases"
-                } else {
-                    "delta"
-                }
+            crate::message::Message::Delta { delta, .. }
+                if self.classify_deltas
+                    && crate::message::decode_delta(delta).is_ok_and(|d| d.registration_count() == 0) =>
+            {
+                "delta-leases"
             }
-            crate::message::Message::Elided { .. } => "elided",
-            crate::message::Message::Ack { .. } => "ack",
-            crate::message::Message::NeedFull => "need-full",
-            crate::message::Message::Redirect { .. } => "redirect",
-            crate::message::Message::Goodbye { .. } => "goodbye",
-            crate::message::Message::ProbeReq { .. } => "probe-req",
-            crate::message::Message::DigestHash { .. } => "digest-hash",
-            crate::message::Message::ProbeAck { .. } => "probe-ack",
+            m => m.kind(),
         };
         let k = self.by_kind.entry(kind).or_default();
         k.0 += 1;

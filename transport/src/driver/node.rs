@@ -11,7 +11,7 @@ use roster_registry::{
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, trace, warn, Instrument};
 
 use super::conn::{self, ConnEvent, Cut, Outbox, Outgoing, Shared};
 use super::limits::bump;
@@ -249,6 +249,8 @@ impl NodeTask {
                 }
             }
             ConnEvent::Message { conn, envelope } => {
+                let m = &envelope.message;
+                trace!(node, conn, seq = m.seq(), "received {}", m.kind());
                 let mutates = matches!(envelope.message, Message::Delta { .. } | Message::Elided { .. });
                 let peer = self.node.peer_on(conn);
                 match self.node.handle_message(conn, envelope, now) {
@@ -357,6 +359,14 @@ impl NodeTask {
         while let Some(out) = self.node.poll_output() {
             match out {
                 Output::Send { conn, envelope } => {
+                    let m = &envelope.message;
+                    trace!(
+                        node = self.shared.handshake.node.name,
+                        conn,
+                        seq = m.seq(),
+                        "send {}",
+                        m.kind()
+                    );
                     self.queue(conn, Outgoing::Message(envelope.encode()));
                 }
                 Output::Close { conn, reason } => self.queue(conn, Outgoing::Close(reason)),
