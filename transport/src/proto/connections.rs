@@ -172,7 +172,31 @@ impl Node {
             conn,
             reason: reason.to_string(),
         });
-        self.conns.remove(&conn);
+        self.forget_conn(conn, now);
+    }
+
+    /// Forgets connection `conn`, however it closed. Only a peer's oldest connection
+    /// carries what we send it, and its acknowledgements are cumulative: what went on a
+    /// connection that closed may be lost while a later delta, sent on the next one, is
+    /// acknowledged past it. So sending to the peer starts again from its last
+    /// acknowledgement, and a full state or digest in flight on it is no longer awaited.
+    /// When it was the peer's last connection, its digest goes too.
+    pub(super) fn forget_conn(&mut self, conn: ConnId, now: Now) -> Option<Conn> {
+        let c = self.conns.remove(&conn)?;
+        let last = !self.conns.values().any(|o| o.peer == c.peer);
+        if let Some(p) = self.peers.get_mut(&c.peer) {
+            p.sent = None;
+            p.full_sent_at = None;
+            p.resend_at = None;
+            p.resends = 0;
+            p.digest_sent_at = None;
+            if last {
+                // It may come back from an older disk: its next digest tells.
+                p.digest = None;
+                p.last_seen_ms = now.wall_ms;
+            }
+        }
+        Some(c)
     }
 
     /// A dial failed (or its handshake did). `draw` feeds the backoff jitter.
@@ -309,21 +333,10 @@ impl Node {
 
     /// `silent`: the link was closed for silence (a dead link), not by its peer.
     fn disconnected(&mut self, conn: ConnId, silent: bool, now: Now) {
-        let Some(c) = self.conns.remove(&conn) else { return };
+        let Some(c) = self.forget_conn(conn, now) else {
+            return;
+        };
         self.suspect(c.peer, silent, now);
-        if !self.conns.values().any(|o| o.peer == c.peer) {
-            // What was sent on it may not have arrived.
-            if let Some(p) = self.peers.get_mut(&c.peer) {
-                p.sent = None;
-                p.full_sent_at = None;
-                p.resend_at = None;
-                p.resends = 0;
-                p.digest_sent_at = None;
-                // It may come back from an older disk: its next digest tells.
-                p.digest = None;
-                p.last_seen_ms = now.wall_ms;
-            }
-        }
         if c.outbound {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;

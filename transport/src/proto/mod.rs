@@ -323,8 +323,9 @@ struct Conn {
 struct Peer {
     /// The last of our buffer's numbers it acknowledged.
     acked: Option<u64>,
-    /// The last of our buffer's numbers sent to it on the current connection (pushes send
-    /// only what came after; gossip rounds resend from `acked`).
+    /// The last of our buffer's numbers sent to it on its oldest connection, which carries
+    /// all we send it (pushes send only what came after; gossip rounds resend from
+    /// `acked`). Cleared when any of its connections closes (`Node::forget_conn`).
     sent: Option<u64>,
     /// When we last sent it a full state (not again before the ack or a pause); monotonic
     /// ms, like every time kept for a timer.
@@ -1396,7 +1397,7 @@ impl Node {
             Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
             Message::ProbeAck { node, connected } => self.on_probe_ack(node, connected),
             Message::Goodbye { .. } => {
-                self.conns.remove(&conn);
+                self.forget_conn(conn, now);
                 self.outputs.push_back(Output::Close {
                     conn,
                     reason: "peer said goodbye".to_string(),
