@@ -43,9 +43,14 @@ pub struct AgentArgs {
     /// The gossip round [default: 1s].
     #[arg(long, value_name = "DUR", env = "ROSTER_GOSSIP_INTERVAL", value_parser = parse_duration)]
     gossip_interval: Option<Duration>,
-    /// The lease of this node's registrations and membership [default: 30s].
+    /// The shortest lease of this node's registrations and membership; it grows with the
+    /// cluster (see --lease-per-member) [default: 30s].
     #[arg(long, value_name = "DUR", env = "ROSTER_LEASE_TTL", value_parser = parse_duration)]
     lease_ttl: Option<Duration>,
+    /// How much the lease grows per live member (their count rounded up to a power of
+    /// two); 0s keeps it at --lease-ttl at any size [default: 24s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_LEASE_PER_MEMBER", value_parser = parse_duration)]
+    lease_per_member: Option<Duration>,
     /// The least time between two `roster sync` runs [default: 30s].
     #[arg(long, value_name = "DUR", env = "ROSTER_SYNC_MIN_INTERVAL", value_parser = parse_duration)]
     sync_min_interval: Option<Duration>,
@@ -105,6 +110,7 @@ struct FileConfig {
     fanout: Option<usize>,
     gossip_interval: Option<String>,
     lease_ttl: Option<String>,
+    lease_per_member: Option<String>,
     sync_min_interval: Option<String>,
     max_clock_skew: Option<String>,
     cluster: Option<String>,
@@ -323,6 +329,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         Some(d) => Some(d),
         None => file_duration(&cfg_path, &text, "lease-ttl", file.lease_ttl)?,
     };
+    let per_member = match args.lease_per_member {
+        Some(d) => Some(d),
+        None => file_duration(&cfg_path, &text, "lease-per-member", file.lease_per_member)?,
+    };
     let sync_min = match args.sync_min_interval {
         Some(d) => Some(d),
         None => file_duration(&cfg_path, &text, "sync-min-interval", file.sync_min_interval)?,
@@ -372,6 +382,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     }
     if let Some(d) = lease {
         b = b.lease_ttl(d);
+    }
+    if let Some(d) = per_member {
+        b = b.lease_per_member(d);
     }
     if let Some(d) = sync_min {
         b = b.sync_min_interval(d);

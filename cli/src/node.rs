@@ -357,6 +357,7 @@ pub struct NodeBuilder {
     fanout: usize,
     gossip_interval: Duration,
     lease_ttl: Duration,
+    lease_per_member: Duration,
     max_clock_skew: Duration,
     reset_identity: bool,
     sync_min_interval: Duration,
@@ -380,6 +381,7 @@ impl Default for NodeBuilder {
             fanout: protocol.fanout,
             gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
             lease_ttl: DEFAULT_LEASE_TTL,
+            lease_per_member: Duration::from_millis(protocol.lease_per_member_ms),
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             reset_identity: false,
             sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
@@ -460,11 +462,23 @@ impl NodeBuilder {
         self
     }
 
-    /// The lease of this node's registrations and membership (default 30 s): when the node
-    /// dies, its registrations disappear this long after its last renewal.
+    /// The shortest lease of this node's registrations and membership (default 30 s): when
+    /// the node dies and no peer writes it dead, its registrations disappear this long after
+    /// its last renewal. In a larger cluster the lease is longer (see
+    /// [`NodeBuilder::lease_per_member`]).
     #[must_use]
     pub fn lease_ttl(mut self, d: Duration) -> Self {
         self.lease_ttl = d;
+        self
+    }
+
+    /// How much the lease grows per live member this node sees, their count rounded up to a
+    /// power of two (default 24 s; at most 24 h in all), so renewals, which reach every
+    /// node, cost each node the same at any size. Zero keeps the lease at
+    /// [`NodeBuilder::lease_ttl`] whatever the cluster's size.
+    #[must_use]
+    pub fn lease_per_member(mut self, d: Duration) -> Self {
+        self.lease_per_member = d;
         self
     }
 
@@ -561,6 +575,12 @@ impl NodeBuilder {
             return Err(Error::Invalid(format!(
                 "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
                 self.lease_ttl
+            )));
+        }
+        if millis(self.lease_per_member) > roster_registry::MAX_LEASE_TTL_MS {
+            return Err(Error::Invalid(format!(
+                "lease per member {:?} is out of range; use 0s (a lease of --lease-ttl at any size) to 24h",
+                self.lease_per_member
             )));
         }
         let skew = millis(self.max_clock_skew);
@@ -757,6 +777,7 @@ impl NodeBuilder {
             max_outbound: self.fanout,
             gossip_interval_ms: millis(self.gossip_interval),
             member_lease_ttl_ms: millis(self.lease_ttl),
+            lease_per_member_ms: millis(self.lease_per_member),
             max_skew_ms: millis(self.max_clock_skew),
             // The grace before collecting an ended lease is at least the allowed skew.
             expire_grace_ms: proto::Config::default()

@@ -363,3 +363,48 @@ async fn a_client_that_does_not_prove_the_secret_gets_no_proof_from_the_agent() 
     }
     a.shutdown().await.unwrap();
 }
+
+/// How long the lease of a lone node's registration runs, as a lookup shows it.
+async fn lease_of_a_lone_node(per_member: Option<Duration>) -> Duration {
+    let mut b = Node::builder()
+        .listen("127.0.0.1:0")
+        .lease_ttl(Duration::from_secs(3));
+    if let Some(d) = per_member {
+        b = b.lease_per_member(d);
+    }
+    let node = b.start().await.unwrap();
+    let _reg = node
+        .register(Service::new("web", "127.0.0.1:8080").id("web-1"))
+        .await
+        .unwrap();
+    let found = node.lookup("web");
+    let i = found.first().expect("the registration is found");
+    let lease = i.lease_expires_at.duration_since(i.registered_at).unwrap();
+    node.shutdown().await.unwrap();
+    lease
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_grows_per_member_unless_that_is_set_to_zero() {
+    // One member (itself): 24 s by default (from a lease issued just before the write),
+    // more than the 3 s asked.
+    let grown = lease_of_a_lone_node(None).await;
+    assert!(
+        grown > Duration::from_secs(20),
+        "default lease of a lone node: {grown:?}"
+    );
+    // Zero per member: the lease asked, whatever the size.
+    let kept = lease_of_a_lone_node(Some(Duration::ZERO)).await;
+    assert!(
+        kept <= Duration::from_secs(3),
+        "a lease of 3 s with nothing per member: {kept:?}"
+    );
+    // Past the longest lease is refused by name.
+    let err = Node::builder()
+        .listen("127.0.0.1:0")
+        .lease_per_member(Duration::from_secs(25 * 3600))
+        .start()
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("lease per member"), "{err}");
+}
