@@ -27,8 +27,9 @@ mod registry_restart;
 /// The replication protocol in the deterministic simulator: many nodes, faults, then healing.
 mod transport_sim;
 
-/// Acknowledgements across a peer's connections, two nodes driven message by message.
-mod transport_acks;
+/// Two nodes driven message by message: acknowledgements across a peer's connections,
+/// and dialing a peer again after losing it.
+mod transport_pair;
 
 /// Lost nodes written dead within seconds; quick restarts never shown gone; refutation.
 mod transport_liveness;

@@ -1,6 +1,6 @@
-//! Acknowledgements between two nodes driven by hand, message by message: what a
-//! connection lost when it closed is sent again, even when a later delta, on another
-//! connection to the same peer, was acknowledged past it.
+//! Two nodes driven by hand, message by message: what a connection lost when it closed
+//! is sent again, even when a later delta, on another connection to the same peer, was
+//! acknowledged past it; and a node left alone dials a peer whose lease ended.
 
 use roster_registry::{Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::proto::{Config, ConnId, Node, NodeInfo, Output};
