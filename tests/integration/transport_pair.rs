@@ -3,7 +3,8 @@
 //! acknowledged past it; and a node left alone dials a peer whose lease ended.
 
 use roster_registry::{Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
-use roster_transport::proto::{Config, ConnId, Node, NodeInfo, Output};
+use roster_transport::backoff::Failure;
+use roster_transport::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Output};
 use roster_transport::sim::url;
 
 const T0: u64 = 1_000_000;
@@ -27,17 +28,24 @@ fn info(i: u64) -> NodeInfo {
 }
 
 /// Two nodes and the connections between them: a connection has the same id at both ends.
+/// Dials reach nobody: each fails at once, and is recorded (time, dialing node, target).
 struct Pair {
     nodes: [Node; 2],
     now: u64,
+    dials: Vec<(u64, usize, DialTarget)>,
 }
 
 impl Pair {
     fn new() -> Self {
-        let node = |i: u64| Node::new(info(i), Replica::new(ReplicaId(i)), vec![], config(), i, T0).unwrap();
+        Self::with(config())
+    }
+
+    fn with(cfg: Config) -> Self {
+        let node = |i: u64| Node::new(info(i), Replica::new(ReplicaId(i)), vec![], cfg, i, T0).unwrap();
         Pair {
             nodes: [node(1), node(2)],
             now: T0,
+            dials: Vec::new(),
         }
     }
 
@@ -56,13 +64,21 @@ impl Pair {
         }
     }
 
-    /// Node `i`'s outputs: the messages it sent, by connection (dials and events dropped).
+    /// Node `i`'s outputs: the messages it sent, by connection. Dials fail (and are
+    /// recorded); events are dropped.
     fn sent(&mut self, i: usize) -> Vec<(ConnId, roster_transport::message::Envelope)> {
         let mut out = Vec::new();
+        let mut dials = Vec::new();
         while let Some(o) = self.nodes[i].poll_output() {
-            if let Output::Send { conn, envelope } = o {
-                out.push((conn, envelope));
+            match o {
+                Output::Send { conn, envelope } => out.push((conn, envelope)),
+                Output::Dial(target) => dials.push(target),
+                _ => {}
             }
+        }
+        for target in dials {
+            self.nodes[i].handle_dial_failed(&target, Failure::Network, self.now);
+            self.dials.push((self.now, i, target));
         }
         out
     }
@@ -136,5 +152,48 @@ fn a_delta_lost_with_a_closed_connection_is_sent_again_on_the_next_one() {
     assert!(
         pair.shows(1, "lost"),
         "the write lost with connection 1 never came again"
+    );
+}
+
+#[test]
+fn a_node_left_alone_dials_a_peer_whose_lease_ended_without_waiting_for_the_reconnect_round() {
+    let cfg = Config {
+        member_lease_ttl_ms: 4_000,
+        lease_per_member_ms: 0,
+        ..config()
+    };
+    let mut pair = Pair::with(cfg);
+    pair.connect(1, 0);
+    // Past the first reconnect round, which notes where each member is.
+    pair.run(cfg.reconnect_interval_ms + 2_000);
+    // The link dies (a partition): node 1's lease ends at node 0 a few seconds later, and
+    // so does the window in which a peer written dead is dialed as a member.
+    pair.disconnect(1);
+    let lost_at = pair.now;
+    pair.run(3 * cfg.member_lease_ttl_ms);
+    assert!(
+        pair.nodes[0]
+            .members(pair.now)
+            .iter()
+            .all(|(id, _, _)| *id != ReplicaId(2)),
+        "node 1 is no longer a member at node 0"
+    );
+    let quiet_from = pair.now;
+    // The next reconnect round is 30 s after the last; alone, node 0 dials sooner.
+    pair.run(10_000);
+    let dials: Vec<u64> = pair
+        .dials
+        .iter()
+        .filter(|(t, i, target)| {
+            *t >= quiet_from
+                && *i == 0
+                && matches!(target, DialTarget::Peer { id, .. } if *id == ReplicaId(2))
+        })
+        .map(|(t, _, _)| t - lost_at)
+        .collect();
+    assert!(
+        !dials.is_empty(),
+        "node 0, alone, did not dial node 1 within 10 s of its lease ending (dials: {:?})",
+        pair.dials
     );
 }

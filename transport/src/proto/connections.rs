@@ -26,12 +26,22 @@ impl Node {
             return;
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        let mut candidates: Vec<(ReplicaId, String)> = self
-            .members(now.wall_ms)
+        let members = self.members(now.wall_ms);
+        // Alone, a node also dials peers that were members and are not now: their leases
+        // ended while it heard nobody. In a partition, the peers on its side are among
+        // them; left to `reconnect_lost` (one dial per 30 s), a side whose links all
+        // crossed the cut stayed without a link that long.
+        let lost = if connected.is_empty() {
+            self.lost_peers(&members, &connected)
+        } else {
+            Vec::new()
+        };
+        let mut candidates: Vec<(ReplicaId, String)> = members
             .into_iter()
             .chain(
                 self.lately_written_dead(now)
                     .into_iter()
+                    .chain(lost)
                     .map(|(id, url)| (id, url, String::new())),
             )
             .filter(|(id, _, _)| !connected.contains(id))
@@ -104,13 +114,13 @@ impl Node {
         self.peers
             .retain(|id, p| live.contains(id) || connected.contains(id) || p.last_seen_ms >= forget_before);
         let lost: Vec<(ReplicaId, String)> = self
-            .peers
-            .iter()
-            .filter(|(id, p)| {
-                !live.contains(id) && !connected.contains(id) && !p.dialing && p.backoff.ready(now.mono_ms)
+            .lost_peers_of(&live, &connected)
+            .into_iter()
+            .filter(|(id, _)| {
+                self.peers
+                    .get(id)
+                    .is_some_and(|p| !p.dialing && p.backoff.ready(now.mono_ms))
             })
-            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
-            .filter(|(_, url)| *url != self.me.url)
             .collect();
         if lost.is_empty() {
             return;
@@ -121,6 +131,30 @@ impl Node {
         }
         self.counters.dials += 1;
         self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+    }
+
+    /// Peers that were members and are not now (not `members`, not `connected`), with the
+    /// URL they had, other than our own.
+    fn lost_peers(
+        &self,
+        members: &[(ReplicaId, String, String)],
+        connected: &BTreeSet<ReplicaId>,
+    ) -> Vec<(ReplicaId, String)> {
+        let live: BTreeSet<ReplicaId> = members.iter().map(|(id, _, _)| *id).collect();
+        self.lost_peers_of(&live, connected)
+    }
+
+    fn lost_peers_of(
+        &self,
+        live: &BTreeSet<ReplicaId>,
+        connected: &BTreeSet<ReplicaId>,
+    ) -> Vec<(ReplicaId, String)> {
+        self.peers
+            .iter()
+            .filter(|(id, _)| !live.contains(id) && !connected.contains(id))
+            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .filter(|(_, url)| *url != self.me.url)
+            .collect()
     }
 
     pub(super) fn rotate(&mut self, now: Now) {
