@@ -356,6 +356,9 @@ impl NodeTask {
 
     /// Carries out every output the state machine has queued.
     fn flush(&mut self) {
+        // First: whoever sees an effect of these outputs (a connection closed for a
+        // forgery, say) finds the counters that explain it already published.
+        self.publish_status();
         while let Some(out) = self.node.poll_output() {
             match out {
                 Output::Send { conn, envelope } => {
@@ -382,7 +385,6 @@ impl NodeTask {
                 }
             }
         }
-        self.publish_status();
     }
 
     /// Queues `out` to a connection, or cuts it (a slow reader, or a message over the
