@@ -1550,6 +1550,7 @@ impl Node {
 /// background); [`Registration::deregister`] does it and waits; [`Registration::keep`]
 /// leaves it registered.
 #[derive(Debug)]
+#[must_use = "dropping a Registration deregisters the instance at once: keep the handle, or call .keep()"]
 pub struct Registration {
     node: Node,
     service: String,

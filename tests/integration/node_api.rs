@@ -408,3 +408,43 @@ async fn the_lease_grows_per_member_unless_that_is_set_to_zero() {
         .expect_err("refused");
     assert!(err.to_string().contains("lease per member"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deregistration_just_before_shutdown_reaches_peers_before_the_farewell() {
+    // A lease far longer than the test: only the pushed removal can take it away.
+    let start = |join: Vec<String>| {
+        Node::builder()
+            .listen("127.0.0.1:0")
+            .join(join)
+            .gossip_interval(Duration::from_millis(100))
+            .lease_ttl(Duration::from_secs(600))
+            .start()
+    };
+    let b = start(vec![]).await.unwrap();
+    let a = start(vec![b.url().to_string()]).await.unwrap();
+    let reg = a
+        .register(Service::new("web", "127.0.0.1:8080").id("web-1"))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while b.lookup("web").is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the registration reaches b");
+    reg.deregister().await.unwrap();
+    a.shutdown().await.unwrap();
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        while !b.lookup("web").is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "b still lists web-1 after a deregistered it and shut down: {:?}",
+        b.lookup("web")
+    );
+    b.shutdown().await.unwrap();
+}
