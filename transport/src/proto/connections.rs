@@ -212,13 +212,14 @@ impl Node {
     /// Forgets connection `conn`, however it closed. Only a peer's oldest connection
     /// carries what we send it, and its acknowledgements are cumulative: what went on a
     /// connection that closed may be lost while a later delta, sent on the next one, is
-    /// acknowledged past it. So sending to the peer starts again from its last
-    /// acknowledgement, and a full state or digest in flight on it is no longer awaited.
-    /// When it was the peer's last connection, its digest goes too.
+    /// acknowledged past it. So when the carrying connection closes, sending to the peer
+    /// starts again from its last acknowledgement, and a full state or digest in flight on
+    /// it is no longer awaited. When it was the peer's last connection, its digest goes too.
     pub(super) fn forget_conn(&mut self, conn: ConnId, now: Now) -> Option<Conn> {
         let c = self.conns.remove(&conn)?;
+        let carried = !self.conns.iter().any(|(id, o)| o.peer == c.peer && *id < conn);
         let last = !self.conns.values().any(|o| o.peer == c.peer);
-        if let Some(p) = self.peers.get_mut(&c.peer) {
+        if let Some(p) = self.peers.get_mut(&c.peer).filter(|_| carried) {
             p.sent = None;
             p.full_sent_at = None;
             p.resend_at = None;

@@ -325,7 +325,7 @@ struct Peer {
     acked: Option<u64>,
     /// The last of our buffer's numbers sent to it on its oldest connection, which carries
     /// all we send it (pushes send only what came after; gossip rounds resend from
-    /// `acked`). Cleared when any of its connections closes (`Node::forget_conn`).
+    /// `acked`). Cleared when that connection closes (`Node::forget_conn`).
     sent: Option<u64>,
     /// When we last sent it a full state (not again before the ack or a pause); monotonic
     /// ms, like every time kept for a timer.
