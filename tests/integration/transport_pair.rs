@@ -1,6 +1,7 @@
 //! Two nodes driven by hand, message by message: what a connection lost when it closed
 //! is sent again, even when a later delta, on another connection to the same peer, was
-//! acknowledged past it; and a node left alone dials a peer whose lease ended.
+//! acknowledged past it; a node left alone dials a peer whose lease ended; and a node
+//! connected to one group keeps dialing the seeds it has not reached.
 
 use roster_registry::{Endpoint, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::backoff::Failure;
@@ -41,9 +42,14 @@ impl Pair {
     }
 
     fn with(cfg: Config) -> Self {
-        let node = |i: u64| Node::new(info(i), Replica::new(ReplicaId(i)), vec![], cfg, i, T0).unwrap();
+        Self::with_seeds(cfg, vec![])
+    }
+
+    /// Node 0 joins through `seeds`.
+    fn with_seeds(cfg: Config, seeds: Vec<String>) -> Self {
+        let node = |i: u64, seeds| Node::new(info(i), Replica::new(ReplicaId(i)), seeds, cfg, i, T0).unwrap();
         Pair {
-            nodes: [node(1), node(2)],
+            nodes: [node(1, seeds), node(2, vec![])],
             now: T0,
             dials: Vec::new(),
         }
@@ -194,6 +200,52 @@ fn a_node_left_alone_dials_a_peer_whose_lease_ended_without_waiting_for_the_reco
     assert!(
         !dials.is_empty(),
         "node 0, alone, did not dial node 1 within 10 s of its lease ending (dials: {:?})",
+        pair.dials
+    );
+}
+
+#[test]
+fn a_node_reached_by_one_peer_still_dials_the_seeds_it_has_not_reached() {
+    // Node 0 joins through a seed that is not up yet; node 1 dials node 0 meanwhile. The
+    // two know each other and nobody else: without dialing the seed again, a cluster
+    // started all at once can stay split in two groups for good.
+    let unreached = url(7);
+    let mut pair = Pair::with_seeds(config(), vec![unreached.clone()]);
+    pair.run(100);
+    let first: Vec<_> = pair.dials.iter().filter(|(_, i, _)| *i == 0).cloned().collect();
+    assert!(
+        matches!(first.as_slice(), [(_, _, DialTarget::Seed { url })] if *url == unreached),
+        "node 0 first dials its seed: {first:?}"
+    );
+    pair.connect(1, 1);
+    pair.run(10_000);
+    let again = pair
+        .dials
+        .iter()
+        .filter(|(t, i, target)| {
+            *i == 0 && *t > T0 + 100 && matches!(target, DialTarget::Seed { url } if *url == unreached)
+        })
+        .count();
+    assert!(
+        again > 0,
+        "node 0 never dialed its unreached seed again: {:?}",
+        pair.dials
+    );
+    // A seed some connection reached is not dialed again while connected.
+    let mut pair = Pair::with_seeds(config(), vec![url(2)]);
+    pair.run(100);
+    pair.connect(1, 0);
+    let reached_at = pair.now;
+    pair.nodes[0].handle_connected(9, &info(2), true, Some(&url(2)), pair.now);
+    pair.run(10_000);
+    let redialed = pair
+        .dials
+        .iter()
+        .filter(|(t, i, target)| *i == 0 && *t > reached_at && matches!(target, DialTarget::Seed { .. }))
+        .count();
+    assert_eq!(
+        redialed, 0,
+        "node 0 dialed a seed it had reached: {:?}",
         pair.dials
     );
 }

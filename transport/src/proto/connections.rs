@@ -27,6 +27,8 @@ impl Node {
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         let members = self.members(now.wall_ms);
+        let knows_members = !members.is_empty();
+        let member_urls: BTreeSet<String> = members.iter().map(|(_, url, _)| url.clone()).collect();
         // Alone, a node also dials peers that were members and are not now: their leases
         // ended while it heard nobody. In a partition, the peers on its side are among
         // them; left to `reconnect_lost` (one dial per 30 s), a side whose links all
@@ -71,13 +73,21 @@ impl Node {
             self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
             room -= 1;
         }
-        // Seeds bootstrap a node that knows no member yet.
-        if connected.is_empty() && self.members(now.wall_ms).is_empty() {
+        // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
+        // also dials each seed it has not reached and at which no member it knows stands:
+        // nodes started together can join as two groups, each having reached only its own
+        // while the others were not up yet, and then nothing joined the groups (a Jepsen
+        // start, seed 981752295: {a,b,e} and {c,d} for good).
+        let alone = connected.is_empty() && !knows_members;
+        if alone || now.mono_ms < self.seed_retry_until {
             let mut ready: Vec<String> = self
                 .seeds
                 .iter()
                 .filter(|(_, (b, dialing))| !dialing && b.ready(now.mono_ms))
                 .map(|(u, _)| u.clone())
+                .filter(|u| {
+                    alone || !(self.seeds_reached.contains(u) || member_urls.contains(u) || *u == self.me.url)
+                })
                 .collect();
             while room > 0 && !ready.is_empty() {
                 room -= 1;
@@ -278,6 +288,7 @@ impl Node {
             if let Some(s) = self.seeds.get_mut(url) {
                 s.1 = false;
             }
+            self.seeds_reached.insert(url.to_string());
         }
         if let Some(p) = self.peers.get_mut(&peer.id) {
             p.dialing = false;

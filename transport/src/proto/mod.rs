@@ -68,6 +68,10 @@ pub const DIGEST_COALESCE_MS: u64 = 2_000;
 /// members (see `release_seed`).
 const SEED_SETTLE_ROUNDS: u64 = 5;
 
+/// For this long after its start, a node dials the seeds it has not reached and no known
+/// member stands at, even while connected (see `dial_more`).
+const SEED_RETRY_MS: u64 = 5 * 60 * 1000;
+
 /// Under the crash-loop guard, a failed dial backs off as if it had failed this many times
 /// already: the long backoff (the cap) from the first failure.
 const GUARDED_FAILURES: u32 = 8;
@@ -479,6 +483,10 @@ pub struct Node {
     /// one), most of them never connected: boxed, so the map's nodes stay small.
     peers: BTreeMap<ReplicaId, Box<Peer>>,
     seeds: BTreeMap<String, (Backoff, bool)>,
+    /// The seeds a connection reached (whoever answered).
+    seeds_reached: BTreeSet<String>,
+    /// Until when unreached seeds are dialed even while connected (monotonic ms).
+    seed_retry_until: u64,
     owned: BTreeMap<(ServiceName, ProviderId), Owned>,
     /// Peers lost and not heard from since (see `liveness`).
     suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
@@ -658,6 +666,8 @@ impl Node {
                 .into_iter()
                 .map(|u| (u, (Backoff::default(), false)))
                 .collect(),
+            seeds_reached: BTreeSet::new(),
+            seed_retry_until: mono + SEED_RETRY_MS,
             owned: BTreeMap::new(),
             suspects: BTreeMap::new(),
             push_at: None,
