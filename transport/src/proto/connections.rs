@@ -28,7 +28,23 @@ impl Node {
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         let members = self.members(now.wall_ms);
         let knows_members = !members.is_empty();
-        let member_urls: BTreeSet<String> = members.iter().map(|(_, url, _)| url.clone()).collect();
+        let seeds_early = now.mono_ms < self.seed_retry_until && !self.seeds.is_empty();
+        // Where every node we know or knew stands (only while seeds may be retried): a seed
+        // there is no stranger, even once its lease has ended here (behind a partition).
+        let known_urls: BTreeSet<String> = if seeds_early {
+            members
+                .iter()
+                .map(|(_, url, _)| url.clone())
+                .chain(
+                    self.peers
+                        .values()
+                        .flat_map(|p| [p.url.clone(), p.advertised.clone()])
+                        .flatten(),
+                )
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         // Alone, a node also dials peers that were members and are not now: their leases
         // ended while it heard nobody. In a partition, the peers on its side are among
         // them; left to `reconnect_lost` (one dial per 30 s), a side whose links all
@@ -74,19 +90,19 @@ impl Node {
             room -= 1;
         }
         // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
-        // also dials each seed it has not reached and at which no member it knows stands:
+        // also dials each seed it has not reached and at which no node it knows stands:
         // nodes started together can join as two groups, each having reached only its own
         // while the others were not up yet, and then nothing joined the groups (a Jepsen
         // start, seed 981752295: {a,b,e} and {c,d} for good).
         let alone = connected.is_empty() && !knows_members;
-        if alone || now.mono_ms < self.seed_retry_until {
+        if alone || seeds_early {
             let mut ready: Vec<String> = self
                 .seeds
                 .iter()
                 .filter(|(_, (b, dialing))| !dialing && b.ready(now.mono_ms))
                 .map(|(u, _)| u.clone())
                 .filter(|u| {
-                    alone || !(self.seeds_reached.contains(u) || member_urls.contains(u) || *u == self.me.url)
+                    alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
                 })
                 .collect();
             while room > 0 && !ready.is_empty() {
