@@ -1569,7 +1569,8 @@ impl Registration {
         &self.service
     }
 
-    /// Deregisters the instance and waits until it is off disk and pushed to peers.
+    /// Deregisters the instance and waits until it is off disk and applied by the node; the
+    /// push to connected peers follows at once (batched with others under a burst).
     ///
     /// # Errors
     /// As [`Node::deregister`].
