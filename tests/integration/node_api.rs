@@ -36,6 +36,17 @@ async fn agent_requiring_the_secret() -> Node {
         .unwrap()
 }
 
+/// Polls `done` every 10 ms; whether it held within `limit`.
+async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    tokio::time::timeout(limit, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 async fn next_event(w: &mut roster::Watch) -> Event {
     tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
@@ -84,13 +95,7 @@ async fn a_registration_is_found_watched_and_dropping_its_handle_deregisters_it(
         .register(Service::new("web", "127.0.0.1:8081").id("web-2"))
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while b.lookup("web").is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    assert!(within(Duration::from_secs(5), || !b.lookup("web").is_empty()).await);
     let mut late = b.watch("web");
     assert!(matches!(next_event(&mut late).await, Event::Up(i) if i.id == "web-2"));
     again.deregister().await.unwrap();
@@ -426,23 +431,14 @@ async fn a_deregistration_just_before_shutdown_reaches_peers_before_the_farewell
         .register(Service::new("web", "127.0.0.1:8080").id("web-1"))
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while b.lookup("web").is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the registration reaches b");
+    assert!(
+        within(Duration::from_secs(10), || !b.lookup("web").is_empty()).await,
+        "the registration reaches b"
+    );
     reg.deregister().await.unwrap();
     a.shutdown().await.unwrap();
-    let gone = tokio::time::timeout(Duration::from_secs(10), async {
-        while !b.lookup("web").is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
     assert!(
-        gone.is_ok(),
+        within(Duration::from_secs(10), || b.lookup("web").is_empty()).await,
         "b still lists web-1 after a deregistered it and shut down: {:?}",
         b.lookup("web")
     );

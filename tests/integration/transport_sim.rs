@@ -693,14 +693,7 @@ fn deltas_past_the_entry_limit_go_in_pieces_each_within_it() {
     sim.partition(|i| i as u32);
     let bulk = ServiceName::new("bulk").unwrap();
     for b in 0..7 {
-        let items = (0..10_000)
-            .map(|i| OwnedRegistration {
-                service: bulk.clone(),
-                provider: ProviderId::new(&format!("b{b}-{i}")).unwrap(),
-                endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
-                meta: Default::default(),
-            })
-            .collect();
+        let items = bulk_items(&bulk, &format!("b{b}-"), 10_000);
         sim.with_node(0, |n, now| n.register_many(items, now))
             .unwrap()
             .unwrap();
@@ -763,14 +756,7 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
     // A bulk load: past what is resent at every round (small ones still are).
     let web = ServiceName::new("web").unwrap();
     const BULK: usize = 2_000;
-    let items = (0..BULK)
-        .map(|i| OwnedRegistration {
-            service: web.clone(),
-            provider: ProviderId::new(&format!("w{i}")).unwrap(),
-            endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
-            meta: Default::default(),
-        })
-        .collect();
+    let items = bulk_items(&web, "w", BULK);
     sim.with_node(0, |n, now| n.register_many(items, now))
         .unwrap()
         .unwrap();
@@ -796,4 +782,16 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
         .instances(&web, sim.now_ms())
         .count();
     assert_eq!(shows, BULK, "the peer never got the writes (seed {seed})");
+}
+
+/// `n` registrations of `service`, providers `<prefix>0` to `<prefix>{n-1}`, for a bulk load.
+fn bulk_items(service: &ServiceName, prefix: &str, n: usize) -> Vec<OwnedRegistration> {
+    (0..n)
+        .map(|i| OwnedRegistration {
+            service: service.clone(),
+            provider: ProviderId::new(&format!("{prefix}{i}")).unwrap(),
+            endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+            meta: Default::default(),
+        })
+        .collect()
 }
