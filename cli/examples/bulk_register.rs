@@ -4,7 +4,12 @@
 //! ```sh
 //! cargo run --release -p roster --example bulk_register -- ws://127.0.0.1:7420 one 10000
 //! cargo run --release -p roster --example bulk_register -- ws://127.0.0.1:7420 batch 10000 1000
+//! cargo run --release -p roster --example bulk_register -- ws://127.0.0.1:7420 pipe 10000 64
 //! ```
+//!
+//! `one` sends a `Register` and waits for its answer before the next; `pipe N W` sends one
+//! `Register` per instance too, with up to `W` awaiting their answers (the agent answers in
+//! order and commits those that wait together); `batch N B` sends `RegisterMany` of `B`.
 //!
 //! Registers instances `i0`..`i<N-1>` of service `bulk` (address `10.0.0.1:<port>`, one
 //! metadata pair) and prints `<mode> <n> <batch> <seconds> <per-instance µs>`. Run each mode
@@ -38,11 +43,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = args.get(3).map_or(Ok(10_000), |s| s.parse())?;
     let batch: usize = match mode.as_str() {
         "one" => 1,
+        "pipe" => args.get(4).map_or(Ok(64), |s| s.parse())?,
         _ => args.get(4).map_or(Ok(1_000), |s| s.parse())?,
     };
     let mut client = Client::connect(&url, None).await?;
     let started = Instant::now();
     let items: Vec<RegisterItem> = (0..n).map(item).collect();
+    if mode == "pipe" {
+        pipelined(&mut client, items, batch).await?;
+        report(&mode, n, batch, started);
+        return Ok(());
+    }
     for chunk in items.chunks(batch) {
         let req = match mode.as_str() {
             "one" => Request::from(chunk[0].clone()),
@@ -55,11 +66,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("the agent answered {other:?}").into()),
         }
     }
+    report(&mode, n, batch, started);
+    Ok(())
+}
+
+/// Sends a `Register` per item, with up to `window` awaiting their answers.
+async fn pipelined(
+    client: &mut Client,
+    items: Vec<RegisterItem>,
+    window: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (mut sent, mut answered) = (0, 0);
+    while answered < items.len() {
+        while sent < items.len() && sent - answered < window.max(1) {
+            client.start(Request::from(items[sent].clone())).await?;
+            sent += 1;
+        }
+        match client.recv().await? {
+            ServerMessage::Registered { .. } => answered += 1,
+            other => return Err(format!("the agent answered {other:?}").into()),
+        }
+    }
+    Ok(())
+}
+
+fn report(mode: &str, n: usize, batch: usize, started: Instant) {
     let took = started.elapsed();
     println!(
         "{mode} {n} {batch} {:.3} {:.1}",
         took.as_secs_f64(),
         took.as_secs_f64() * 1e6 / n as f64
     );
-    Ok(())
 }

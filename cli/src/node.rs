@@ -27,6 +27,9 @@ mod bulk;
 mod bulk_tests;
 #[cfg(test)]
 mod disk_tests;
+mod group;
+#[cfg(test)]
+mod group_tests;
 
 /// A node for the tests beside this file: on a free loopback port, over `dir`, without
 /// the crash-loop guard.
@@ -44,6 +47,7 @@ async fn test_node(dir: &std::path::Path) -> Node {
 mod unsaved;
 
 pub use bulk::MAX_BATCH_ITEMS;
+pub(crate) use group::Answer;
 
 /// The default listen address of an agent.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -807,6 +811,7 @@ impl NodeBuilder {
             launches_recent,
             guarded: std::sync::atomic::AtomicBool::new(guarded),
             owned: Mutex::new(owned_map),
+            queue: std::sync::Mutex::default(),
             secret,
             client_auth_always: self.client_auth_always,
             last_sync: std::sync::Mutex::new(None),
@@ -873,6 +878,8 @@ pub(crate) struct Inner {
     guarded: std::sync::atomic::AtomicBool,
     /// Own registrations by store key; the lock orders writes (disk, then the node).
     owned: Mutex<BTreeMap<String, OwnedRecord>>,
+    /// Single registrations waiting for the next commit (see `group`).
+    queue: std::sync::Mutex<group::Queue>,
     pub(crate) secret: Option<Secret>,
     pub(crate) client_auth_always: bool,
     /// The last manual sync, for a node without a data directory.
@@ -1113,51 +1120,6 @@ impl Node {
         let instance = rec.instance.clone();
         self.put(rec).await?;
         Ok(instance)
-    }
-
-    async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
-        let (service, provider, endpoint, meta) = rec.parts().map_err(Error::Invalid)?;
-        let mut owned = self.inner.owned.lock().await;
-        if self.is_stopped() {
-            return Err(Error::Stopped);
-        }
-        // A disk known to fail refuses before peers see a write it would take back.
-        if let Some(store) = self.inner.store() {
-            store.ready()?;
-        }
-        self.not_owned_elsewhere(&service, &provider)?;
-        // Into the replica (and on its way to peers) first, then on disk, then answered:
-        // the disk's commit is not on the path of a change to its peers. A crash between
-        // the two leaves a write that was never answered; the restarted node does not own
-        // it, so it lapses with its lease (or is removed on resume if the saved replica
-        // has it), as an unanswered write may.
-        self.inner
-            .handle
-            .register(service.clone(), provider.clone(), endpoint, meta)
-            .await?;
-        if let Some(store) = self.inner.store() {
-            let counter = self.inner.handle.replica().counter();
-            let r = rec.clone();
-            let saved = tokio::task::spawn_blocking(move || store.put_owned(&r, counter))
-                .await
-                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))
-                .and_then(|r| r.map_err(Error::from));
-            if let Err(e) = saved {
-                // Not on disk: not registered. Put back what the store still has.
-                let previous = owned.get(&rec.key()).and_then(|p| p.parts().ok());
-                match previous {
-                    Some((s, p, ep, m)) => {
-                        let _ = self.inner.handle.register(s, p, ep, m).await;
-                    }
-                    None => {
-                        let _ = self.inner.handle.deregister(service, provider).await;
-                    }
-                }
-                return Err(e);
-            }
-        }
-        owned.insert(rec.key(), rec);
-        Ok(())
     }
 
     /// Refuses an instance id that another live node has registered: two nodes keeping the

@@ -1,9 +1,10 @@
 //! The agent's side of the client protocol (see [`crate::api`]).
 
+use std::collections::VecDeque;
 use std::sync::Weak;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use roster_registry::ServiceName;
 use roster_transport::driver::ClientConn;
 use tokio::sync::mpsc;
@@ -16,7 +17,7 @@ use crate::api::{
     self, ClientMessage, ErrorKind, EventView, RegisterItem, Request, ServerHello, ServerMessage,
     AGENT_LABEL, CLIENT_LABEL, MAX_BATCH_REQUEST_BYTES, MAX_REQUEST_BYTES, NONCE_LEN,
 };
-use crate::node::{Error, Event, Inner, Node, Service};
+use crate::node::{Answer, Error, Event, Inner, Node, Service};
 
 /// How long a client has to say hello and send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,6 +25,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may wait for its next request after an answer (a client may ask
 /// again on the same connection, as a program that registers often would).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most registrations of one connection waiting for their commit: a client may send
+/// requests without waiting for each answer; past this many, the agent reads no more
+/// until it has answered the oldest.
+const MAX_IN_FLIGHT: usize = 64;
 
 /// Serves client connections until the node stops.
 pub(crate) async fn accept(
@@ -181,64 +187,139 @@ async fn serve(node: Node, conn: ClientConn, cancel: CancellationToken) {
             return;
         }
     };
-    let ws = &mut conn.ws;
-    let mut request = request;
-    loop {
-        debug!(%peer, ?request, "client request");
-        if let Request::Watch { service } = request {
-            watch(&node, ws, &service, &cancel).await;
-            let _ = ws.close(None).await;
-            return;
-        }
-        let answer = answer(&node, request).await;
-        if send(ws, &answer).await.is_err() {
-            return;
-        }
-        // The next request on the same connection, if the client has one.
-        let next = tokio::select! {
-            () = cancel.cancelled() => None,
-            r = tokio::time::timeout(IDLE_TIMEOUT, recv(ws)) => match r {
-                Ok(Ok(ClientMessage::Request(r))) => Some(r),
-                Ok(Ok(ClientMessage::Auth { .. })) => {
-                    let m = "this connection is authenticated already; send the request";
-                    let _ = send(ws, &error(ErrorKind::Invalid, m)).await;
-                    None
-                }
-                // It hung up (a one-shot client does), sent garbage, or idled.
-                Ok(Err(_)) | Err(_) => None,
-            },
-        };
-        match next {
-            Some(r) => request = r,
-            None => break,
-        }
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+    requests(&node, &mut conn.ws, request, &cancel).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), conn.ws.close(None)).await;
 }
 
-/// The answer to one request (not a watch).
-async fn answer(node: &Node, request: Request) -> ServerMessage {
-    match request {
-        Request::Watch { .. } => error(ErrorKind::Invalid, "a watch needs a connection of its own"),
-        Request::Register {
-            service: name,
-            address,
-            meta,
-            instance,
-            ttl_ms,
-        } => {
-            let s = service(RegisterItem {
-                service: name,
-                address,
-                meta,
-                instance,
-                ttl_ms,
-            });
-            match node.register_owned(s).await {
-                Ok(instance) => ServerMessage::Registered { instance },
-                Err(e) => from_error(e),
+/// An answer on its way: ready, or a registration waiting for its commit.
+enum Pending {
+    Ready(ServerMessage),
+    Register { instance: String, answer: Answer },
+}
+
+impl Pending {
+    async fn answer(self) -> ServerMessage {
+        match self {
+            Self::Ready(m) => m,
+            Self::Register { instance, answer } => match answer.await {
+                Ok(Ok(())) => ServerMessage::Registered { instance },
+                Ok(Err(e)) => from_error(e),
+                Err(_) => from_error(Error::Stopped),
+            },
+        }
+    }
+}
+
+/// Answers a client's requests, in order, until it leaves, idles or the node stops.
+/// Registrations the client sent without waiting (up to [`MAX_IN_FLIGHT`]) are queued
+/// together, so they share commits; any other request waits for them first.
+async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &CancellationToken) {
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut next = Some(first);
+    loop {
+        if let Some(request) = next.take() {
+            debug!(?request, "client request");
+            match request {
+                Request::Register {
+                    service: name,
+                    address,
+                    meta,
+                    instance,
+                    ttl_ms,
+                } => {
+                    let s = service(RegisterItem {
+                        service: name,
+                        address,
+                        meta,
+                        instance,
+                        ttl_ms,
+                    });
+                    pending.push_back(match node.register_queued(&s) {
+                        Ok((instance, answer)) => Pending::Register { instance, answer },
+                        Err(e) => Pending::Ready(from_error(e)),
+                    });
+                }
+                other => {
+                    if !flush(ws, &mut pending).await {
+                        return;
+                    }
+                    if let Request::Watch { service } = other {
+                        watch(node, ws, &service, cancel).await;
+                        return;
+                    }
+                    if send(ws, &answer(node, other).await).await.is_err() {
+                        return;
+                    }
+                }
             }
         }
+        if pending.is_empty() {
+            // Nothing owed: wait for the next request, if the client has one.
+            match next_request(ws, cancel).await {
+                Some(r) => next = Some(r),
+                None => return,
+            }
+            continue;
+        }
+        // Read ahead what the client has sent already; else answer the oldest.
+        if pending.len() < MAX_IN_FLIGHT {
+            if let Some(r) = recv(ws).now_or_never() {
+                match request_of(ws, r).await {
+                    Some(r) => next = Some(r),
+                    None => return,
+                }
+                continue;
+            }
+        }
+        if let Some(p) = pending.pop_front() {
+            if send(ws, &p.answer().await).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Sends every pending answer, in order. False when the client is gone.
+async fn flush(ws: &mut Ws, pending: &mut VecDeque<Pending>) -> bool {
+    while let Some(p) = pending.pop_front() {
+        if send(ws, &p.answer().await).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The client's next request, within [`IDLE_TIMEOUT`].
+async fn next_request(ws: &mut Ws, cancel: &CancellationToken) -> Option<Request> {
+    let received = tokio::select! {
+        () = cancel.cancelled() => return None,
+        r = tokio::time::timeout(IDLE_TIMEOUT, recv(ws)) => r.ok()?,
+    };
+    request_of(ws, received).await
+}
+
+/// The request in what a client sent, if it is one.
+async fn request_of(ws: &mut Ws, received: Result<ClientMessage, String>) -> Option<Request> {
+    match received {
+        Ok(ClientMessage::Request(r)) => Some(r),
+        Ok(ClientMessage::Auth { .. }) => {
+            let m = "this connection is authenticated already; send the request";
+            let _ = send(ws, &error(ErrorKind::Invalid, m)).await;
+            None
+        }
+        // It hung up (a one-shot client does), or sent garbage.
+        Err(_) => None,
+    }
+}
+
+/// The answer to one request (not a watch, nor a single registration).
+async fn answer(node: &Node, request: Request) -> ServerMessage {
+    match request {
+        // Both are served by `requests`, never here.
+        Request::Watch { .. } | Request::Register { .. } => error(
+            ErrorKind::Failed,
+            "this request is served on its own; send it again",
+        ),
         Request::RegisterMany { items } => {
             let services = items.into_iter().map(service).collect();
             match node.register_many_owned(services).await {

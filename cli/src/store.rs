@@ -190,6 +190,46 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// The same error again (an I/O source as its kind and message): one failed commit
+    /// answers every write it carried.
+    pub fn duplicate(&self) -> Self {
+        match self {
+            Self::Dir { dir, source } => Self::Dir {
+                dir: dir.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Self::InUse { path } => Self::InUse { path: path.clone() },
+            Self::Corrupt { path, why } => Self::Corrupt {
+                path: path.clone(),
+                why: why.clone(),
+            },
+            Self::Unreadable { path, why } => Self::Unreadable {
+                path: path.clone(),
+                why: why.clone(),
+            },
+            Self::Incompatible {
+                path,
+                found,
+                expected,
+            } => Self::Incompatible {
+                path: path.clone(),
+                found: *found,
+                expected: *expected,
+            },
+            Self::Unwritable { path, why, since } => Self::Unwritable {
+                path: path.clone(),
+                why: why.clone(),
+                since: since.clone(),
+            },
+            Self::Io { path, why } => Self::Io {
+                path: path.clone(),
+                why: why.clone(),
+            },
+        }
+    }
+}
+
 /// What a node resumes from.
 #[derive(Debug)]
 pub struct Loaded {

@@ -444,3 +444,72 @@ async fn a_deregistration_just_before_shutdown_reaches_peers_before_the_farewell
     );
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_sent_without_waiting_are_answered_in_order_and_registrations_before_a_read_are_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Node::builder()
+        .listen("127.0.0.1:0")
+        .data_dir(dir.path())
+        .serve_clients(true)
+        .start()
+        .await
+        .unwrap();
+    let mut c = Client::connect(a.url(), None).await.unwrap();
+    let register = |id: &str, port: u16| Request::Register {
+        service: "web".into(),
+        address: format!("10.0.0.1:{port}"),
+        meta: vec![],
+        instance: Some(id.into()),
+        ttl_ms: None,
+    };
+    // More than the agent reads ahead, a bad one among them, a write to one instance
+    // twice, then a removal and a read that must see every write before it.
+    let mut sent = Vec::new();
+    for i in 0..200u16 {
+        sent.push(register(&format!("w{i}"), 1000 + i));
+    }
+    sent.insert(50, register("bad", 0));
+    sent.push(register("w3", 9));
+    sent.push(Request::Deregister {
+        service: "web".into(),
+        instance: "w0".into(),
+    });
+    sent.push(Request::Instances {
+        service: "web".into(),
+    });
+    for r in &sent {
+        c.start(r.clone()).await.unwrap();
+    }
+    for r in &sent {
+        let answer = tokio::time::timeout(Duration::from_secs(10), c.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        match (r, answer) {
+            (
+                Request::Register {
+                    instance, address, ..
+                },
+                answer,
+            ) if address.ends_with(":0") => {
+                assert!(
+                    matches!(answer, ServerMessage::Error { .. }),
+                    "{instance:?}: {answer:?}"
+                );
+            }
+            (Request::Register { instance, .. }, ServerMessage::Registered { instance: got }) => {
+                assert_eq!(instance.as_deref(), Some(got.as_str()));
+            }
+            (Request::Deregister { .. }, ServerMessage::Deregistered) => {}
+            (Request::Instances { .. }, ServerMessage::Instances(list)) => {
+                assert_eq!(list.len(), 199, "w1..w199");
+                assert!(list.iter().all(|i| i.instance != "w0" && i.instance != "bad"));
+                let w3 = list.iter().find(|i| i.instance == "w3").unwrap();
+                assert_eq!(w3.address, "10.0.0.1:9");
+            }
+            (r, answer) => panic!("{r:?} answered {answer:?}"),
+        }
+    }
+    a.shutdown().await.unwrap();
+}

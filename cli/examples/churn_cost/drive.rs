@@ -2,6 +2,7 @@
 //! shows, and paced changes through one client connection.
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -110,12 +111,14 @@ async fn watch(mut client: Client, node: usize, seen: Sightings, count: Arc<Atom
     }
 }
 
-/// The changes of one run: `rate` a second for `secs`, `batch` per request.
+/// The changes of one run: `rate` a second for `secs`, `batch` per request, up to
+/// `window` requests awaiting their answer.
 #[derive(Debug, Clone, Copy)]
 pub struct Load {
     pub rate: f64,
     pub secs: f64,
     pub batch: usize,
+    pub window: usize,
 }
 
 /// What a run sent: each acknowledged change's seq and when its request was written; how
@@ -128,8 +131,9 @@ pub struct Sent {
     pub acks: Vec<f64>,
 }
 
-/// Sends `load` through one connection to agent `a`, request after request, each at its
-/// due time (or at once when the previous answer came late). Seqs start at `first`.
+/// Sends `load` through one connection to agent `a`, each request at its due time, or as
+/// soon as fewer than `window` requests await their answers (with a window of 1: request
+/// after request). Seqs start at `first`.
 pub async fn drive(cluster: &Cluster, n: usize, first: u64, load: Load) -> Result<Sent, Error> {
     let mut client = cluster.agents[0].client().await?;
     let per_request = load.batch as f64 / load.rate;
@@ -141,22 +145,32 @@ pub async fn drive(cluster: &Cluster, n: usize, first: u64, load: Load) -> Resul
         took: Duration::ZERO,
         acks: Vec::new(),
     };
-    for j in 0..requests {
+    let mut waiting: VecDeque<(Vec<u64>, Instant)> = VecDeque::new();
+    let mut j = 0;
+    loop {
         // Answers slower than the pace: stop at the time given, not at the count.
-        if start.elapsed().as_secs_f64() >= load.secs {
+        let more = j < requests && start.elapsed().as_secs_f64() < load.secs;
+        if !more && waiting.is_empty() {
             break;
         }
-        tokio::time::sleep_until(start + Duration::from_secs_f64(per_request * j as f64)).await;
-        let seqs: Vec<u64> = (0..load.batch as u64)
-            .map(|k| first + j * load.batch as u64 + k)
-            .collect();
-        let req = request(n, &seqs);
-        let at = Instant::now();
-        let answer = client.request(req).await;
-        sent.acks.push(at.elapsed().as_secs_f64() * 1e3);
-        match answer.map_err(Error::from).and_then(acked) {
-            Ok(()) => sent.changes.extend(seqs.iter().map(|&s| (s, at))),
-            Err(_) => sent.errors += 1,
+        let due = start + Duration::from_secs_f64(per_request * j as f64);
+        tokio::select! {
+            () = tokio::time::sleep_until(due), if more && waiting.len() < load.window => {
+                let seqs: Vec<u64> = (0..load.batch as u64)
+                    .map(|k| first + j * load.batch as u64 + k)
+                    .collect();
+                client.start(request(n, &seqs)).await?;
+                waiting.push_back((seqs, Instant::now()));
+                j += 1;
+            }
+            answer = client.recv(), if !waiting.is_empty() => {
+                let Some((seqs, at)) = waiting.pop_front() else { continue };
+                sent.acks.push(at.elapsed().as_secs_f64() * 1e3);
+                match answer.map_err(Error::from).and_then(acked) {
+                    Ok(()) => sent.changes.extend(seqs.iter().map(|&s| (s, at))),
+                    Err(_) => sent.errors += 1,
+                }
+            }
         }
     }
     sent.took = start.elapsed();

@@ -41,6 +41,10 @@
 //! sustained. Printed after each mode: the highest sustained rate whose p99 lag was at most
 //! 50 ms, the highest whose every lag (the max) was, and the highest sustained at any lag.
 //!
+//! `--window W` (default 1) lets up to `W` requests await their answers on the connection
+//! (the agent answers them in order, and commits registrations that wait together in one
+//! transaction); with 1, each request waits for the previous answer.
+//!
 //! The benchmark process (the driver and three watches) shares the machine with the agents:
 //! on a small machine its CPU is part of what the lags include.
 
@@ -58,7 +62,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The lag bar of `max-rate` (ms).
 const LAG_MS: f64 = 50.0;
 
-const USAGE: &str = "usage: churn_cost [max-rate] [--n 1000,10000] [--rate 100] [--secs 20] [--idle 5] [--batch 100] [--rates 50,100,200,...]";
+const USAGE: &str = "usage: churn_cost [max-rate] [--n 1000,10000] [--rate 100] [--secs 20] [--idle 5] [--batch 100] [--window 1] [--rates 50,100,200,...]";
 
 /// The command line.
 struct Args {
@@ -68,6 +72,7 @@ struct Args {
     secs: f64,
     idle: f64,
     batch: usize,
+    window: usize,
     rates: Vec<f64>,
 }
 
@@ -95,6 +100,7 @@ fn parse_args() -> Result<Args, Error> {
         secs: if max_rate { 10.0 } else { 20.0 },
         idle: 5.0,
         batch: 100,
+        window: 1,
         rates: list("50,100,200,500,1000,2000,5000,10000,20000,50000")?,
     };
     for pair in args.chunks(2) {
@@ -108,11 +114,17 @@ fn parse_args() -> Result<Args, Error> {
             "--secs" => out.secs = one(value)?,
             "--idle" => out.idle = one(value)?,
             "--batch" => out.batch = list(value)?.first().copied().ok_or(USAGE)?,
+            "--window" => out.window = list(value)?.first().copied().ok_or(USAGE)?,
             "--rates" => out.rates = list(value)?,
             _ => return Err(USAGE.into()),
         }
     }
-    if out.n.contains(&0) || out.batch == 0 || out.rate <= 0.0 || out.rates.iter().any(|&r| r <= 0.0) {
+    if out.n.contains(&0)
+        || out.batch == 0
+        || out.window == 0
+        || out.rate <= 0.0
+        || out.rates.iter().any(|&r| r <= 0.0)
+    {
         return Err(USAGE.into());
     }
     Ok(out)
@@ -190,8 +202,8 @@ fn line(n: usize, load: Load, sent: &Sent, seen: &Sightings, run: &Used) -> (Str
     let (cpu_w, cpu_o) = run.cpu_ms(per);
     let (bytes, bytes_w) = run.bytes(per);
     let text = format!(
-        "N={n} K={}/s batch={} acked={acked} ({achieved:.1}/s) errors={} | cpu ms/change a={cpu_w:.3} b,c={cpu_o:.3} | bytes/change {bytes:.0} (a {bytes_w:.0}) | lag ms p50={p50:.2} p99={p99:.2} max={max:.2} unseen={unseen} (p50 ack {ack50:.2}, a {a50:.2})",
-        load.rate, load.batch, sent.errors
+        "N={n} K={}/s batch={} window={} acked={acked} ({achieved:.1}/s) errors={} | cpu ms/change a={cpu_w:.3} b,c={cpu_o:.3} | bytes/change {bytes:.0} (a {bytes_w:.0}) | lag ms p50={p50:.2} p99={p99:.2} max={max:.2} unseen={unseen} (p50 ack {ack50:.2}, a {a50:.2})",
+        load.rate, load.batch, load.window, sent.errors
     );
     let sustained = achieved >= 0.95 * load.rate && sent.errors == 0 && unseen == 0 && acked > 0.0;
     (text, p99, max, sustained)
@@ -248,6 +260,7 @@ async fn max_rate(bin: &Path, args: &Args, ticks: f64) -> Result<(), Error> {
                 rate,
                 secs: args.secs,
                 batch,
+                window: args.window,
             };
             let start = usage(&cluster, ticks).await?;
             let sent = drive(&cluster, n, first, load).await?;
@@ -307,6 +320,7 @@ async fn run() -> Result<(), Error> {
             rate: args.rate,
             secs: args.secs,
             batch: 1,
+            window: args.window,
         };
         churn(&bin, n, load, args.idle, ticks).await?;
     }

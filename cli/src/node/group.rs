@@ -1,0 +1,244 @@
+//! Single registrations committed together (group commit). While one commit is on its
+//! way to disk, the registrations that arrive queue up, and the next commit takes them all:
+//! one write to the replica, one delta to peers and one transaction on disk for the lot.
+//! A client that waits for each answer pays one commit per registration, as before; many
+//! clients at once, or one that sends requests without waiting for answers, share them.
+//!
+//! Each registration is answered alone: one refused (a bad limit, an instance owned
+//! elsewhere) leaves the others of its group alone. A failed commit fails its whole group,
+//! and the replica is put back to what the disk still has.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use roster_transport::driver::DriverError;
+use roster_transport::proto::OwnedRegistration;
+use tokio::sync::oneshot;
+
+use super::{Error, Node, Service};
+use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
+
+/// The most registrations one commit takes. The replica mints their dots before the
+/// commit raises the counter floor on disk, so a group must stay well under the counters a
+/// commit reserves ahead (`COUNTER_RESERVE / 2`): a crash between the two must not leave
+/// dots peers have above the floor a restart starts from.
+pub(crate) const MAX_GROUP: usize = 64;
+const _: () = assert!(MAX_GROUP as u64 * 2 <= COUNTER_RESERVE / 2);
+
+/// How a queued registration is answered.
+pub(crate) type Answer = oneshot::Receiver<Result<(), Error>>;
+type Reply = oneshot::Sender<Result<(), Error>>;
+
+/// Registrations waiting for the next commit.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    items: Vec<(OwnedRecord, Reply)>,
+    /// Whether a committer task is draining `items`.
+    running: bool,
+}
+
+/// One registration admitted into a group.
+struct Admitted {
+    rec: OwnedRecord,
+    reg: OwnedRegistration,
+    reply: Reply,
+}
+
+impl Node {
+    /// Registers `rec` with the next commit, and waits for it.
+    pub(super) async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
+        self.enqueue(rec).await.unwrap_or(Err(Error::Stopped))
+    }
+
+    /// Registers as [`Node::register_owned`], without waiting: returns the instance id and
+    /// the answer to wait for. The order of calls is the order of the writes.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name, address, metadata or ttl; nothing is queued.
+    pub(crate) fn register_queued(&self, service: &Service) -> Result<(String, Answer), Error> {
+        let rec = self.record(service)?;
+        let instance = rec.instance.clone();
+        Ok((instance, self.enqueue(rec)))
+    }
+
+    /// Queues `rec` for the next commit and returns its answer. It returns at once, so the
+    /// order of calls is the order of the writes (a later write to the same instance wins).
+    pub(crate) fn enqueue(&self, rec: OwnedRecord) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut q = self
+                .inner
+                .queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            q.items.push((rec, reply));
+            !std::mem::replace(&mut q.running, true)
+        };
+        if start {
+            let node = self.clone();
+            self.inner.tasks.spawn(async move { node.commit_queued().await });
+        }
+        answer
+    }
+
+    /// Commits queued registrations, a group at a time, until none is left.
+    async fn commit_queued(&self) {
+        loop {
+            let group: Vec<_> = {
+                let mut q = self
+                    .inner
+                    .queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if q.items.is_empty() {
+                    q.running = false;
+                    return;
+                }
+                let n = q.items.len().min(MAX_GROUP);
+                q.items.drain(..n).collect()
+            };
+            self.commit_group(group).await;
+        }
+    }
+
+    /// Into the replica (and on its way to peers) first, then on disk, then answered: the
+    /// disk's commit is not on the path of a change to its peers. A crash between the two
+    /// leaves writes that were never answered; the restarted node does not own them, so
+    /// they lapse with its lease (or are removed on resume if the saved replica has them),
+    /// as unanswered writes may.
+    async fn commit_group(&self, group: Vec<(OwnedRecord, Reply)>) {
+        let mut owned = self.inner.owned.lock().await;
+        let store = self.inner.store();
+        let admitted: Vec<Admitted> = group
+            .into_iter()
+            .filter_map(|(rec, reply)| match self.admit(&rec, store.as_deref()) {
+                Ok(reg) => Some(Admitted { rec, reg, reply }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    None
+                }
+            })
+            .collect();
+        let admitted = self.write_replica(admitted).await;
+        if admitted.is_empty() {
+            return;
+        }
+        if let Some(store) = store {
+            let last = last_per_key(&admitted);
+            let puts = last.values().map(|a| admitted[*a].rec.clone()).collect();
+            let floor = self.inner.handle.replica().counter() + COUNTER_RESERVE;
+            if let Err(e) = write(store, puts, floor).await {
+                // Not on disk: not registered. Put back what the disk still has.
+                for i in last.values() {
+                    self.restore(owned.get(&admitted[*i].rec.key()), &admitted[*i].reg)
+                        .await;
+                }
+                for a in admitted {
+                    let _ = a.reply.send(Err(duplicate(&e)));
+                }
+                return;
+            }
+        }
+        for a in admitted {
+            owned.insert(a.rec.key(), a.rec);
+            let _ = a.reply.send(Ok(()));
+        }
+    }
+
+    /// The checks of one registration, made under the lock that orders writes.
+    fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<OwnedRegistration, Error> {
+        let (service, provider, endpoint, meta) = rec.parts().map_err(Error::Invalid)?;
+        if self.is_stopped() {
+            return Err(Error::Stopped);
+        }
+        // A disk known to fail refuses before peers see a write it would take back.
+        if let Some(store) = store {
+            store.ready()?;
+        }
+        self.not_owned_elsewhere(&service, &provider)?;
+        Ok(OwnedRegistration {
+            service,
+            provider,
+            endpoint,
+            meta,
+        })
+    }
+
+    /// Writes the group into the replica as one delta; answers and drops each item the node
+    /// refuses (a limit of the transport), and all of them if the node stopped.
+    async fn write_replica(&self, mut admitted: Vec<Admitted>) -> Vec<Admitted> {
+        while !admitted.is_empty() {
+            let last = last_per_key(&admitted);
+            let regs: Vec<_> = last.values().map(|a| admitted[*a].reg.clone()).collect();
+            let result = match <[OwnedRegistration; 1]>::try_from(regs) {
+                Ok([r]) => {
+                    self.inner
+                        .handle
+                        .register(r.service, r.provider, r.endpoint, r.meta)
+                        .await
+                }
+                Err(regs) => self.inner.handle.register_many(regs).await,
+            };
+            match result {
+                Ok(()) => return admitted,
+                Err(DriverError::InvalidItem { index, source }) => {
+                    // `index` counts the registrations sent, one per key.
+                    let Some(key) = last.keys().nth(index).cloned() else {
+                        break;
+                    };
+                    let (refused, kept) = admitted.into_iter().partition(|a| a.rec.key() == key);
+                    admitted = kept;
+                    for a in refused {
+                        let _ = a.reply.send(Err(Error::Invalid(source.to_string())));
+                    }
+                }
+                Err(e) => {
+                    for a in admitted {
+                        let _ = a.reply.send(Err(Error::from(e.clone())));
+                    }
+                    return Vec::new();
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// Puts back into the replica what the disk has for the instance of `reg` (after a
+    /// failed commit): its `previous` record, or nothing.
+    async fn restore(&self, previous: Option<&OwnedRecord>, reg: &OwnedRegistration) {
+        let handle = &self.inner.handle;
+        let _ = match previous.and_then(|p| p.parts().ok()) {
+            Some((s, p, ep, m)) => handle.register(s, p, ep, m).await,
+            None => handle
+                .deregister(reg.service.clone(), reg.provider.clone())
+                .await
+                .map(drop),
+        };
+    }
+}
+
+/// The index of the last write to each key (store key, in its order).
+fn last_per_key(admitted: &[Admitted]) -> BTreeMap<String, usize> {
+    admitted
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.rec.key(), i))
+        .collect()
+}
+
+/// Saves `puts` in one transaction, with counters reserved up to `floor`.
+async fn write(store: Arc<Store>, puts: Vec<OwnedRecord>, floor: u64) -> Result<(), Error> {
+    tokio::task::spawn_blocking(move || store.write_owned(&puts, &[], Some(floor)))
+        .await
+        .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))?
+        .map_err(Error::from)
+}
+
+/// The same error again, for each registration of a failed group.
+fn duplicate(e: &Error) -> Error {
+    match e {
+        Error::Store(s) => Error::Store(s.duplicate()),
+        Error::Stopped => Error::Stopped,
+        other => Error::Invalid(other.to_string()),
+    }
+}
