@@ -249,3 +249,74 @@ fn a_node_reached_by_one_peer_still_dials_the_seeds_it_has_not_reached() {
         pair.dials
     );
 }
+
+/// Two connected nodes; node 0 registered `a` and `b`, then removed `b` and registered
+/// `c` without a push yet (the changes are pending when it departs).
+fn pair_with_pending_changes() -> Pair {
+    let mut pair = Pair::new();
+    pair.connect(1, 0);
+    pair.run(3_000);
+    pair.register(0, "a");
+    pair.register(0, "b");
+    pair.run(500);
+    assert!(pair.shows(1, "a") && pair.shows(1, "b"));
+    let now = pair.now;
+    let web = ServiceName::new("web").unwrap();
+    assert!(pair.nodes[0].deregister(&web, &ProviderId::new("b").unwrap(), now));
+    pair.register(0, "c");
+    pair
+}
+
+#[test]
+fn a_stopped_node_pushes_what_is_pending_and_its_peer_keeps_the_rest_within_the_lease() {
+    let mut pair = pair_with_pending_changes();
+    let now = pair.now;
+    pair.nodes[0].stop(now);
+    let kinds: Vec<&str> = pair.sent(0).iter().map(|(_, e)| e.message.kind()).collect();
+    assert_eq!(
+        kinds,
+        vec!["delta", "goodbye"],
+        "the pending changes, then goodbye"
+    );
+    let mut pair = pair_with_pending_changes();
+    let now = pair.now;
+    pair.nodes[0].stop(now);
+    pair.deliver(0);
+    assert!(
+        !pair.shows(1, "b"),
+        "the removal made just before the stop arrived"
+    );
+    assert!(
+        pair.shows(1, "c"),
+        "the registration made just before the stop arrived"
+    );
+    // A goodbye is not a death: the peer keeps the node and what it owns while its
+    // lease runs (48 s for two members), so a restart within it shows no change.
+    pair.run(20_000);
+    assert!(pair.shows(1, "a") && pair.shows(1, "c"));
+    assert!(
+        pair.nodes[1]
+            .members(pair.now)
+            .iter()
+            .any(|(id, _, _)| *id == ReplicaId(1)),
+        "node 0 is still a member at node 1"
+    );
+}
+
+#[test]
+fn a_node_that_leaves_removes_what_it_owns_at_its_peer_at_once() {
+    let mut pair = pair_with_pending_changes();
+    let now = pair.now;
+    pair.nodes[0].shutdown(now);
+    pair.deliver(0);
+    for p in ["a", "b", "c"] {
+        assert!(!pair.shows(1, p), "{p} is gone at once");
+    }
+    assert!(
+        pair.nodes[1]
+            .members(pair.now)
+            .iter()
+            .all(|(id, _, _)| *id != ReplicaId(1)),
+        "node 0 left the members"
+    );
+}

@@ -32,6 +32,8 @@
 //! accepting and dialing, [`Node::shutdown`] (which removes what this node owns and pushes
 //! that farewell delta to every connected peer, then says goodbye), let each connection
 //! flush its queue and close, and cut whatever is left at [`Limits::shutdown_deadline`].
+//! [`Handle::stop`] does the same with [`Node::stop`]: nothing removed, every pending
+//! change pushed, then goodbye (a restart, which peers do not see as a departure).
 //!
 //! With a [`TlsConfig`] the node serves `wss://` only (rustls, `ring` provider): TLS under the
 //! WebSocket, the handshake inside it. TLS is mutual: a peer without a certificate of the
@@ -607,6 +609,24 @@ impl Handle {
     /// peer, say goodbye, flush and close every connection, all within
     /// [`Limits::shutdown_deadline`] (then the rest is cut).
     pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        let mut done = self.inner.done.clone();
+        // An error means the node task is gone already.
+        let _ = done.wait_for(|d| *d).await;
+    }
+
+    /// Stops to start again, and waits until the node has stopped: as
+    /// [`Handle::shutdown`], but this node's registrations are not removed. Every change
+    /// connected peers lack is pushed before the goodbye, and peers keep the node and what
+    /// it owns for the rest of its lease (see `proto::Node::stop`). A shutdown already
+    /// under way goes on as it began.
+    pub async fn stop(&self) {
+        if !self.inner.shutdown.is_cancelled() {
+            self.inner
+                .shared
+                .leave
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        }
         self.inner.shutdown.cancel();
         let mut done = self.inner.done.clone();
         // An error means the node task is gone already.

@@ -260,6 +260,9 @@ pub(super) struct Shared {
     /// Under the crash-loop guard, peers are turned away with a long retry-after: the
     /// node dials out itself when its lease needs it.
     pub refuse_peers: AtomicBool,
+    /// Cleared by [`super::Handle::stop`]: the shutdown that follows keeps what the node
+    /// owns (peers keep it within its lease) instead of leaving.
+    pub leave: AtomicBool,
     next_conn: AtomicU64,
 }
 
@@ -321,6 +324,7 @@ impl Shared {
             unauthenticated: Arc::new(Unauthenticated::default()),
             log_gate: LogGate::default(),
             refuse_peers: AtomicBool::new(false),
+            leave: AtomicBool::new(true),
             next_conn: AtomicU64::new(1),
         }
     }

@@ -340,17 +340,28 @@ impl NodeTask {
         }
     }
 
-    /// Stops accepting (the accept loop watches the same token), says goodbye and pushes
-    /// the farewell delta; the run loop then waits for the connections to flush and close.
+    /// Stops accepting (the accept loop watches the same token), pushes what peers lack
+    /// (and, leaving, the farewell delta) and says goodbye; the run loop then waits for the
+    /// connections to flush and close.
     fn begin_shutdown(&mut self) {
+        let leave = self.shared.leave.load(std::sync::atomic::Ordering::SeqCst);
         info!(
             node = self.shared.handshake.node.name,
-            "shutting down: farewell to {} connections",
+            "{}: goodbye to {} connections",
+            if leave {
+                "leaving the cluster"
+            } else {
+                "stopping (registrations kept within the lease)"
+            },
             self.conns.len()
         );
         self.stopping = true;
         self.tracker.close();
-        self.node.shutdown(self.clocks.now());
+        if leave {
+            self.node.shutdown(self.clocks.now());
+        } else {
+            self.node.stop(self.clocks.now());
+        }
         self.dirty = true;
     }
 

@@ -1421,26 +1421,52 @@ impl Node {
     /// too), pushes that to every connected peer at once, and says goodbye. The driver then
     /// flushes the outputs and closes within its deadline.
     pub fn shutdown(&mut self, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        self.depart(now.into(), true);
+    }
+
+    /// Stops to start again: pushes every change connected peers lack (a deregistration
+    /// made just before included) and says goodbye, but removes nothing. Peers keep this
+    /// node and what it owns for the rest of its lease (a goodbye is not suspected), so a
+    /// restart within it shows them no change; a node that never comes back lapses with
+    /// its lease.
+    pub fn stop(&mut self, now: impl Into<Now>) {
+        self.depart(now.into(), false);
+    }
+
+    fn depart(&mut self, now: Now, leave: bool) {
+        let now = self.time.input(now);
         self.stopping = true;
-        self.owned.clear();
-        let mut farewell = State::new_delta();
-        if let Some(applied) = self.replica.deregister_all(now.wall_ms) {
-            farewell.join(applied.delta.clone());
-            self.buffer.push(None, applied.delta);
-            for c in applied.changes {
-                self.outputs.push_back(Output::Event(c));
+        let mut farewell = None;
+        if leave {
+            self.owned.clear();
+            if let Some(applied) = self.replica.deregister_all(now.wall_ms) {
+                farewell = Some(applied.delta.clone());
+                self.buffer.push(None, applied.delta);
+                for c in applied.changes {
+                    self.outputs.push_back(Output::Event(c));
+                }
             }
         }
-        // Every connected peer hears the removals now, not at its next gossip round.
+        // Every connected peer hears what it lacks now, not at the next push or gossip
+        // round: what is buffered, in order, the farewell last.
+        self.push(now);
         let head = self.buffer.head();
         let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         for p in peers {
-            self.send_to_peer(p, Message::delta(head, &farewell), now);
+            // A peer the push skipped (no exchange yet on its connection) still gets the
+            // removals.
+            let pushed = self
+                .peers
+                .get(&p)
+                .and_then(|x| x.sent.max(x.acked))
+                .is_some_and(|s| s >= head);
+            if let Some(f) = farewell.as_ref().filter(|_| !pushed) {
+                self.send_to_peer(p, Message::delta(head, f), now);
+            }
         }
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();
         for c in conns {
-            self.close(c, "shutting down", now);
+            self.close(c, if leave { "leaving" } else { "stopping" }, now);
         }
         self.push_at = None;
     }
