@@ -81,6 +81,11 @@ pub struct AgentArgs {
     /// The CA (PEM) that signs every node's certificate and remote clients' certificates.
     #[arg(long, value_name = "FILE", env = "ROSTER_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// On SIGINT or SIGTERM, leave the cluster (deregister everything at once, as `roster
+    /// leave` does) instead of stopping to start again (peers keep this agent's
+    /// registrations within its lease, so a restart shows them no change).
+    #[arg(long)]
+    leave_on_terminate: bool,
 }
 
 /// `--crash-guard`: `N/DUR` or `off`.
@@ -118,6 +123,7 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_ca: Option<PathBuf>,
+    leave_on_terminate: Option<bool>,
 }
 
 /// The largest config file read.
@@ -297,7 +303,8 @@ pub fn identity(data_dir: Option<PathBuf>, json: bool) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Runs the agent until SIGINT or SIGTERM, then leaves gracefully.
+/// Runs the agent until SIGINT or SIGTERM, then stops to start again (or leaves, with
+/// `--leave-on-terminate`); or until a client asks it to leave (`roster leave`).
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let (file, text) = match &args.config {
         Some(p) => read_config(p)?,
@@ -436,11 +443,23 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     } else {
         println!("joining {}", join.join(", "));
     }
-    wait_for_signal().await;
-    tracing::info!("leaving the cluster");
-    node.shutdown()
-        .await
-        .map_err(|e| Fail::failed(format!("the last save failed: {e}")))?;
+    let leave_on_terminate = args.leave_on_terminate || file.leave_on_terminate.unwrap_or(false);
+    tokio::select! {
+        () = wait_for_signal() => {}
+        () = node.closed() => {
+            // A client asked it to leave; the node has left and saved.
+            println!("left the cluster");
+            return Ok(());
+        }
+    }
+    let closed = if leave_on_terminate {
+        tracing::info!("leaving the cluster (--leave-on-terminate)");
+        node.shutdown().await
+    } else {
+        tracing::info!("stopping; peers keep this agent's registrations within its lease");
+        node.stop().await
+    };
+    closed.map_err(|e| Fail::failed(format!("the last save failed: {e}")))?;
     Ok(())
 }
 

@@ -119,6 +119,10 @@ pub enum Request {
         /// The instances, each as a [`Request::Register`] names one.
         items: Vec<RegisterItem>,
     },
+    /// Leave the cluster and stop the agent: its registrations are removed everywhere at
+    /// once (they stay on its disk, and come back if it is started again). Answered with
+    /// [`ServerMessage::Left`] before the agent leaves.
+    Leave,
 }
 
 /// One instance of a [`Request::RegisterMany`]: the fields of a [`Request::Register`].
@@ -393,6 +397,8 @@ pub enum ServerMessage {
         /// The instance ids.
         instances: Vec<String>,
     },
+    /// The agent is leaving the cluster and stopping (the answer to [`Request::Leave`]).
+    Left,
 }
 
 impl ServerMessage {
@@ -412,6 +418,7 @@ impl ServerMessage {
             Self::Explain(_) => "an explanation",
             Self::Synced { .. } => "synced",
             Self::RegisteredMany { .. } => "registered many",
+            Self::Left => "left",
         }
     }
 }

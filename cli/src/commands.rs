@@ -396,3 +396,17 @@ pub async fn sync(c: &ClientArgs) -> Result<(), Fail> {
         other => Err(refused(other)),
     }
 }
+
+pub async fn leave(c: &ClientArgs) -> Result<(), Fail> {
+    match ask(c, Request::Leave).await? {
+        ServerMessage::Left => {
+            if c.json {
+                output::json(&serde_json::json!({ "left": true }));
+            } else {
+                println!("the agent at {} is leaving the cluster and stopping", c.agent);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}

@@ -148,6 +148,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Make the agent leave the cluster and stop: its registrations are removed from every
+    /// node at once (they stay on its disk and come back if it is started again).
+    Leave {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Ask for an anti-entropy round now (at most once per the agent's --sync-min-interval).
     Sync {
         #[command(flatten)]
@@ -228,6 +234,7 @@ fn main() -> ExitCode {
                 instance,
             } => commands::explain(&client, service, instance).await,
             Command::Sync { client } => commands::sync(&client).await,
+            Command::Leave { client } => commands::leave(&client).await,
             Command::Id { data_dir, json } => agent::identity(data_dir, json),
         }
     });

@@ -804,6 +804,7 @@ impl NodeBuilder {
             store: std::sync::Mutex::new(store.clone()),
             data_dir: self.data_dir.clone(),
             cancel,
+            closed: CancellationToken::new(),
             tasks: TaskTracker::new(),
             lease_ttl_ms: millis(self.lease_ttl),
             sync_min_interval: self.sync_min_interval,
@@ -870,6 +871,8 @@ pub(crate) struct Inner {
     store: std::sync::Mutex<Option<Arc<Store>>>,
     data_dir: Option<PathBuf>,
     cancel: CancellationToken,
+    /// Cancelled once [`Node::shutdown`] or [`Node::stop`] has finished.
+    closed: CancellationToken,
     tasks: TaskTracker,
     lease_ttl_ms: u64,
     sync_min_interval: Duration,
@@ -1470,18 +1473,45 @@ impl Node {
     }
 
     /// Leaves the cluster gracefully: deregisters what this node owns (peers drop it at
-    /// once), says goodbye, flushes, and saves the replica. Every registration this node
-    /// owned stays on disk (only `deregister`, a dropped handle or a passed `ttl` removes
-    /// one) and is registered again at the next start with the same data directory.
-    /// Watches end.
+    /// once), pushes every change peers lack, says goodbye, flushes, and saves the
+    /// replica. Every registration this node owned stays on disk (only `deregister`, a
+    /// dropped handle or a passed `ttl` removes one) and is registered again at the next
+    /// start with the same data directory. Watches end. To restart without peers seeing
+    /// a departure, [`Node::stop`].
     ///
     /// # Errors
     /// [`Error::Store`] when the last save failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
-        self.inner.handle.shutdown().await;
+        self.close(true).await
+    }
+
+    /// Stops to start again (an upgrade, a restart): as [`Node::shutdown`], but nothing
+    /// is deregistered. Peers keep this node and its registrations for the rest of its
+    /// lease, so a restart with the same data directory within it shows them no change;
+    /// a node that does not come back lapses with its lease.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the last save failed.
+    pub async fn stop(&self) -> Result<(), Error> {
+        self.close(false).await
+    }
+
+    async fn close(&self, leave: bool) -> Result<(), Error> {
+        if leave {
+            self.inner.handle.shutdown().await;
+        } else {
+            self.inner.handle.stop().await;
+        }
         self.inner.cancel.cancel();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+        let saved = self.save_last().await;
+        self.inner.closed.cancel();
+        saved
+    }
+
+    /// The last save, at a shutdown.
+    async fn save_last(&self) -> Result<(), Error> {
         let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
         if let Some(store) = store {
             let (replica, changed) = self.inner.handle.take_unsaved();
@@ -1492,6 +1522,12 @@ impl Node {
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         Ok(())
+    }
+
+    /// Resolves once [`Node::shutdown`] or [`Node::stop`] has finished, whoever called it
+    /// (a client's `Leave` request, say).
+    pub async fn closed(&self) {
+        self.inner.closed.cancelled().await;
     }
 
     /// `None` while the data directory can be written (or the node has none). After a write

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use crate::api::{
     self, ClientMessage, ErrorKind, EventView, RegisterItem, Request, ServerHello, ServerMessage,
@@ -247,6 +247,10 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
                         watch(node, ws, &service, cancel).await;
                         return;
                     }
+                    if matches!(other, Request::Leave) {
+                        leave(node, ws).await;
+                        return;
+                    }
                     if send(ws, &answer(node, other).await).await.is_err() {
                         return;
                     }
@@ -277,6 +281,22 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
             }
         }
     }
+}
+
+/// Answers a `Leave`, then leaves: on a task of its own, since leaving waits for every
+/// client connection to end, this one included.
+async fn leave(node: &Node, ws: &mut Ws) {
+    info!(
+        node = node.name(),
+        "a client asked this node to leave the cluster"
+    );
+    let _ = send(ws, &ServerMessage::Left).await;
+    let node = node.clone();
+    tokio::spawn(async move {
+        if let Err(e) = node.shutdown().await {
+            warn!("left the cluster, but the last save failed: {e}");
+        }
+    });
 }
 
 /// Sends every pending answer, in order. False when the client is gone.
@@ -316,7 +336,7 @@ async fn request_of(ws: &mut Ws, received: Result<ClientMessage, String>) -> Opt
 async fn answer(node: &Node, request: Request) -> ServerMessage {
     match request {
         // Both are served by `requests`, never here.
-        Request::Watch { .. } | Request::Register { .. } => error(
+        Request::Watch { .. } | Request::Register { .. } | Request::Leave => error(
             ErrorKind::Failed,
             "this request is served on its own; send it again",
         ),

@@ -735,7 +735,7 @@ fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() 
 }
 
 #[test]
-fn a_gracefully_stopped_agent_takes_its_registrations_along_and_brings_them_back() {
+fn a_gracefully_restarted_agent_shows_its_peers_no_change() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
@@ -746,21 +746,87 @@ fn a_gracefully_stopped_agent_takes_its_registrations_along_and_brings_them_back
     within(Duration::from_secs(2), "a sees it", || {
         a.instances("web").len() == 1
     });
+    let watch = Watcher::start(&a, "web");
+    assert_eq!(watch.next(Duration::from_secs(2)).unwrap()["event"], "up");
     let port = b.port;
     let dir = b.dir.clone();
+    // SIGTERM, as `systemctl restart` or an upgrade sends: a stop, not a departure.
     let status = b.terminate();
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
-    within(
-        Duration::from_secs(1),
-        "peers drop a leaving agent's registrations at once",
-        || a.instances("web").is_empty(),
+    // Peers keep what it owns within its lease (48 s at two members).
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        a.instances("web").len(),
+        1,
+        "a peer kept the stopped agent's registration"
     );
     let _b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &["--join", &a.url]);
-    within(
-        Duration::from_secs(3),
-        "its registrations come back with it",
-        || a.instances("web").len() == 1,
+    within(Duration::from_secs(5), "b is a member again", || {
+        a.json(&["members"]).as_array().unwrap().len() == 2
+    });
+    let events = watch.all(Duration::from_secs(3));
+    assert!(
+        events.iter().all(|e| e["event"] == "up"),
+        "a peer saw the restarted agent's registration go down: {events:?}"
     );
+    assert_eq!(a.instances("web").len(), 1);
+}
+
+#[test]
+fn roster_leave_removes_an_agents_registrations_everywhere_at_once_and_stops_it() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let mut b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    for id in ["web-1", "web-2"] {
+        assert!(b
+            .roster(&["register", "web", "127.0.0.1:80", "--id", id])
+            .status
+            .success());
+    }
+    within(Duration::from_secs(2), "a sees them", || {
+        a.instances("web").len() == 2
+    });
+    let out = b.roster(&["leave"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("leaving the cluster"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Well within the lease (48 s at two members): removed, not lapsed.
+    within(Duration::from_secs(2), "a drops what b owned at once", || {
+        a.instances("web").is_empty()
+    });
+    within(Duration::from_secs(10), "b exits", || {
+        b.child.try_wait().unwrap().is_some()
+    });
+    assert!(b.child.wait().unwrap().success(), "an agent that left exits 0");
+    assert!(
+        b.printed().iter().any(|l| l == "left the cluster"),
+        "{:?}",
+        b.printed()
+    );
+
+    // Started again, its registrations come back (they stayed on its disk); with
+    // --leave-on-terminate, SIGTERM is a departure too.
+    let port = b.port;
+    let dir = b.dir.clone();
+    drop(b);
+    let b = Agent::start_on(
+        &dir,
+        "b",
+        &format!("127.0.0.1:{port}"),
+        &["--join", &a.url, "--leave-on-terminate"],
+    );
+    within(
+        Duration::from_secs(5),
+        "its registrations come back with it",
+        || a.instances("web").len() == 2,
+    );
+    assert!(b.terminate().success());
+    within(Duration::from_secs(2), "a drops them at once", || {
+        a.instances("web").is_empty()
+    });
 }
 
 #[test]
