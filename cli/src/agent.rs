@@ -427,10 +427,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         }
     })?;
     println!(
-        "roster agent {}: node {} ({})",
+        "roster agent {}: node {} ({}), pid {}",
         env!("CARGO_PKG_VERSION"),
         node.name(),
-        node.id()
+        node.id(),
+        std::process::id()
     );
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     println!("listening on {scheme}://{}", node.local_addr());
