@@ -375,7 +375,8 @@ impl Default for NodeBuilder {
     fn default() -> Self {
         let protocol = proto::Config::default();
         Self {
-            listen: DEFAULT_LISTEN.to_string(),
+            // A free port: an embedded node must not take the agent's (DEFAULT_LISTEN).
+            listen: "127.0.0.1:0".to_string(),
             advertise: None,
             join: Vec::new(),
             data_dir: None,
@@ -398,7 +399,9 @@ impl Default for NodeBuilder {
 }
 
 impl NodeBuilder {
-    /// The address to listen on for peers (and clients); `127.0.0.1:0` picks a free port.
+    /// The address to listen on for peers (and clients). Default `127.0.0.1:0`: a free
+    /// loopback port ([`Node::url`] says which), so an embedded node never takes the port
+    /// of an agent on the same host ([`DEFAULT_LISTEN`]).
     #[must_use]
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();

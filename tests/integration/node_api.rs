@@ -513,3 +513,13 @@ async fn requests_sent_without_waiting_are_answered_in_order_and_registrations_b
     }
     a.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_node_told_no_address_listens_on_a_free_loopback_port_not_the_agents() {
+    let a = Node::builder().start().await.unwrap();
+    let addr = a.local_addr();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    assert_ne!(addr.port(), 7420, "the agent's default port");
+    assert!(a.url().ends_with(&format!(":{}", addr.port())), "{}", a.url());
+    a.shutdown().await.unwrap();
+}
