@@ -1,9 +1,8 @@
 //! The client commands: check the input, ask the agent, print the answer.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use roster::api::{ErrorKind, EventView, RegisterItem, Request, ServerMessage};
+use roster::api::{ErrorKind, RegisterItem, Request, ServerMessage};
 use roster::client::{Client, ClientError};
 use roster::registry::{metadata_from_pairs, Endpoint, ProviderId, ServiceName};
 use roster::transport::driver::ClientTls;
@@ -11,7 +10,7 @@ use roster::transport::handshake::Secret;
 
 use crate::{bulk_file, output, ClientArgs, Fail};
 
-async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
+pub(crate) async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
         return Err(Fail::usage(format!(
             "--agent {:?} is not ws://host:port or wss://host:port",
@@ -52,7 +51,7 @@ async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
         .map_err(from_client)
 }
 
-fn from_client(e: ClientError) -> Fail {
+pub(crate) fn from_client(e: ClientError) -> Fail {
     match e {
         ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } | ClientError::Busy { .. } => {
             Fail::unreachable(e.to_string())
@@ -62,7 +61,7 @@ fn from_client(e: ClientError) -> Fail {
 }
 
 /// Maps an agent's error answer to a failure; anything else is unexpected.
-fn refused(msg: ServerMessage) -> Fail {
+pub(crate) fn refused(msg: ServerMessage) -> Fail {
     match msg {
         ServerMessage::Error { kind, message, .. } => match kind {
             ErrorKind::Invalid => Fail::usage(message),
@@ -78,7 +77,7 @@ async fn ask(c: &ClientArgs, req: Request) -> Result<ServerMessage, Fail> {
     client.request(req).await.map_err(from_client)
 }
 
-fn check_service(s: &str) -> Result<(), Fail> {
+pub(crate) fn check_service(s: &str) -> Result<(), Fail> {
     ServiceName::new(s)
         .map(|_| ())
         .map_err(|e| Fail::usage(e.to_string()))
@@ -266,62 +265,6 @@ pub async fn get(c: &ClientArgs, service: String) -> Result<(), Fail> {
             Ok(())
         }
         other => Err(refused(other)),
-    }
-}
-
-pub async fn watch(c: &ClientArgs, service: String) -> Result<(), Fail> {
-    check_service(&service)?;
-    let mut client = connect(c).await?;
-    client
-        .start(Request::Watch {
-            service: service.clone(),
-        })
-        .await
-        .map_err(from_client)?;
-    // Addresses of the instances seen up, so a down line can name them too.
-    let mut seen: BTreeMap<String, (String, Vec<(String, String)>)> = BTreeMap::new();
-    loop {
-        let msg = tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            m = client.recv() => m.map_err(from_client)?,
-        };
-        match msg {
-            ServerMessage::Event(EventView::Up(i)) => {
-                seen.insert(i.instance.clone(), (i.address.clone(), i.meta.clone()));
-                if c.json {
-                    output::json_line(&serde_json::json!({
-                        "event": "up",
-                        "service": i.service,
-                        "instance": i.instance,
-                        "address": i.address,
-                        "meta": output::meta_json(&i.meta),
-                    }));
-                } else {
-                    output::text_line(&format!(
-                        "up    {}  {}  {}  {}",
-                        i.service,
-                        i.instance,
-                        i.address,
-                        output::meta_line(&i.meta)
-                    ));
-                }
-            }
-            ServerMessage::Event(EventView::Down { service, instance }) => {
-                let (address, meta) = seen.remove(&instance).unwrap_or_default();
-                if c.json {
-                    output::json_line(&serde_json::json!({
-                        "event": "down",
-                        "service": service,
-                        "instance": instance,
-                        "address": address,
-                        "meta": output::meta_json(&meta),
-                    }));
-                } else {
-                    output::text_line(&format!("down  {service}  {instance}  {address}"));
-                }
-            }
-            other => return Err(refused(other)),
-        }
     }
 }
 

@@ -7,6 +7,7 @@ mod agent;
 mod bulk_file;
 mod commands;
 mod output;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -225,7 +226,7 @@ fn main() -> ExitCode {
             } => commands::deregister(&client, service, instance).await,
             Command::Ls { client } => commands::ls(&client).await,
             Command::Get { client, service } => commands::get(&client, service).await,
-            Command::Watch { client, service } => commands::watch(&client, service).await,
+            Command::Watch { client, service } => watch::watch(&client, service).await,
             Command::Members { client } => commands::members(&client).await,
             Command::Status { client } => commands::status(&client).await,
             Command::Explain {
