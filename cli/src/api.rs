@@ -123,6 +123,28 @@ pub enum Request {
     /// once (they stay on its disk, and come back if it is started again). Answered with
     /// [`ServerMessage::Left`] before the agent leaves.
     Leave,
+    /// A watch that picks up where an earlier one left off: the agent first sends what
+    /// differs from `known` (an `Up` for each instance new or changed, a `Down` for each
+    /// one gone), then every change, as [`Request::Watch`] does. With `known` empty it is a
+    /// `Watch`. At most [`MAX_BATCH_REQUEST_BYTES`] bytes.
+    WatchFrom {
+        /// The service.
+        service: String,
+        /// The instances the client shows, each with the [`fingerprint`] of what it shows.
+        known: Vec<(String, u64)>,
+    },
+}
+
+/// What a watcher shows of an instance, in 8 bytes: the first 8 bytes of SHA-256 over
+/// its address and metadata, postcard-encoded. Stable across versions and platforms, so
+/// a client and an agent compute the same.
+pub fn fingerprint(address: &str, meta: &[(String, String)]) -> u64 {
+    use sha2::Digest;
+    let bytes = postcard::to_stdvec(&(address, meta)).unwrap_or_default();
+    let digest = sha2::Sha256::digest(&bytes);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
 }
 
 /// One instance of a [`Request::RegisterMany`]: the fields of a [`Request::Register`].

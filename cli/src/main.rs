@@ -118,6 +118,10 @@ enum Command {
         client: ClientArgs,
         /// The service name.
         service: String,
+        /// End when the agent goes away (exit 1), instead of reconnecting and going on
+        /// from what was printed.
+        #[arg(long)]
+        once: bool,
     },
     /// List the nodes of the cluster.
     Members {
@@ -226,7 +230,11 @@ fn main() -> ExitCode {
             } => commands::deregister(&client, service, instance).await,
             Command::Ls { client } => commands::ls(&client).await,
             Command::Get { client, service } => commands::get(&client, service).await,
-            Command::Watch { client, service } => watch::watch(&client, service).await,
+            Command::Watch {
+                client,
+                service,
+                once,
+            } => watch::watch(&client, service, once).await,
             Command::Members { client } => commands::members(&client).await,
             Command::Status { client } => commands::status(&client).await,
             Command::Explain {

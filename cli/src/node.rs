@@ -1216,6 +1216,13 @@ impl Node {
     /// pushed by peers, no polling. A watch that falls behind re-reads the replica and
     /// reports the difference, so it never misses a final state.
     pub fn watch(&self, service: &str) -> Watch {
+        self.watch_from(service, &BTreeMap::new())
+    }
+
+    /// As [`Node::watch`], for a watcher that already shows `shown` (instance id to the
+    /// [`crate::api::fingerprint`] of its address and metadata): first an `Up` for each
+    /// instance new or changed since, and a `Down` for each one gone, then every change.
+    pub(crate) fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>) -> Watch {
         let rx = self.inner.handle.subscribe();
         let name = ServiceName::new(service).ok();
         let mut known = BTreeMap::new();
@@ -1225,7 +1232,17 @@ impl Node {
             for i in replica.instances(name, now_ms()) {
                 let i = Instance::from_registry(&i.to_owned());
                 known.insert(i.id.clone(), i.clone());
-                pending.push_back(Event::Up(i));
+                // The fingerprint of what a client shows: the view it was sent.
+                let v = i.view();
+                if shown.get(&i.id) != Some(&crate::api::fingerprint(&v.address, &v.meta)) {
+                    pending.push_back(Event::Up(i));
+                }
+            }
+            for id in shown.keys().filter(|id| !known.contains_key(*id)) {
+                pending.push_back(Event::Down {
+                    service: service.to_string(),
+                    id: id.clone(),
+                });
             }
         }
         let state = WatchState {

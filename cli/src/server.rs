@@ -72,7 +72,12 @@ async fn recv(ws: &mut Ws) -> Result<ClientMessage, String> {
                 } else {
                     Some(api::decode(&b).map_err(|e| e.to_string())?)
                 };
-                let batch = matches!(msg, Some(ClientMessage::Request(Request::RegisterMany { .. })));
+                let batch = matches!(
+                    msg,
+                    Some(ClientMessage::Request(
+                        Request::RegisterMany { .. } | Request::WatchFrom { .. }
+                    ))
+                );
                 let max = if batch {
                     MAX_BATCH_REQUEST_BYTES
                 } else {
@@ -243,9 +248,16 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
                     if !flush(ws, &mut pending).await {
                         return;
                     }
-                    if let Request::Watch { service } = other {
-                        watch(node, ws, &service, cancel).await;
-                        return;
+                    match other {
+                        Request::Watch { service } => {
+                            watch(node, ws, &service, Vec::new(), cancel).await;
+                            return;
+                        }
+                        Request::WatchFrom { service, known } => {
+                            watch(node, ws, &service, known, cancel).await;
+                            return;
+                        }
+                        _ => {}
                     }
                     if matches!(other, Request::Leave) {
                         leave(node, ws).await;
@@ -336,10 +348,12 @@ async fn request_of(ws: &mut Ws, received: Result<ClientMessage, String>) -> Opt
 async fn answer(node: &Node, request: Request) -> ServerMessage {
     match request {
         // Both are served by `requests`, never here.
-        Request::Watch { .. } | Request::Register { .. } | Request::Leave => error(
-            ErrorKind::Failed,
-            "this request is served on its own; send it again",
-        ),
+        Request::Watch { .. } | Request::WatchFrom { .. } | Request::Register { .. } | Request::Leave => {
+            error(
+                ErrorKind::Failed,
+                "this request is served on its own; send it again",
+            )
+        }
         Request::RegisterMany { items } => {
             let services = items.into_iter().map(service).collect();
             match node.register_many_owned(services).await {
@@ -392,14 +406,20 @@ fn service(item: RegisterItem) -> Service {
     s
 }
 
-/// Streams a service's instances, then its changes, until the client leaves or the node
-/// stops.
-async fn watch(node: &Node, ws: &mut Ws, service: &str, cancel: &CancellationToken) {
+/// Streams what differs between a service's instances and what the client shows (`known`,
+/// by fingerprint), then its changes, until the client leaves or the node stops.
+async fn watch(
+    node: &Node,
+    ws: &mut Ws,
+    service: &str,
+    known: Vec<(String, u64)>,
+    cancel: &CancellationToken,
+) {
     if let Err(e) = ServiceName::new(service) {
         let _ = send(ws, &error(ErrorKind::Invalid, e.to_string())).await;
         return;
     }
-    let mut events = node.watch(service);
+    let mut events = node.watch_from(service, &known.into_iter().collect());
     // The current instances first, then a marker-free stream of changes.
     loop {
         tokio::select! {

@@ -347,12 +347,12 @@ fn an_agent_killed_and_restarted_on_its_data_dir_resumes_and_peers_see_only_upda
                 .is_some_and(|i| i["registered_at"] != before)
         },
     );
+    // Written again with the same address and metadata: nothing a watch prints changed.
     let events = watch.all(Duration::from_secs(4));
     assert!(
-        events.iter().all(|e| e["event"] == "up"),
-        "a peer saw the restarted agent's registration go down: {events:?}"
+        events.is_empty(),
+        "a peer's watch printed the restarted agent's registration again: {events:?}"
     );
-    assert!(!events.is_empty(), "the rewrite reaches the watch as an update");
     assert_eq!(a.instances("api").len(), 1);
     assert_eq!(c.instances("api").len(), 1);
 }
@@ -766,10 +766,61 @@ fn a_gracefully_restarted_agent_shows_its_peers_no_change() {
     });
     let events = watch.all(Duration::from_secs(3));
     assert!(
-        events.iter().all(|e| e["event"] == "up"),
-        "a peer saw the restarted agent's registration go down: {events:?}"
+        events.is_empty(),
+        "a peer's watch printed the restarted agent's registration again: {events:?}"
     );
     assert_eq!(a.instances("web").len(), 1);
+}
+
+#[test]
+fn a_watch_on_an_agent_that_restarts_goes_on_without_repeating_or_missing_a_change() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    for (agent, id, port) in [(&a, "kept", "80"), (&b, "gone", "81"), (&b, "moved", "82")] {
+        let addr = format!("127.0.0.1:{port}");
+        assert!(agent
+            .roster(&["register", "web", &addr, "--id", id])
+            .status
+            .success());
+    }
+    within(Duration::from_secs(2), "a sees all three", || {
+        a.instances("web").len() == 3
+    });
+    let watch = Watcher::start(&a, "web");
+    let first: Vec<Value> = (0..3)
+        .map(|_| watch.next(Duration::from_secs(2)).unwrap())
+        .collect();
+    assert!(first.iter().all(|e| e["event"] == "up"), "{first:?}");
+
+    // The watched agent restarts (SIGTERM, then start on its data directory); while it
+    // is down, one instance goes and one moves.
+    let (dir, port) = (a.dir.clone(), a.port);
+    assert!(a.terminate().success());
+    assert!(b.roster(&["deregister", "web", "gone"]).status.success());
+    assert!(b
+        .roster(&["register", "web", "127.0.0.1:92", "--id", "moved"])
+        .status
+        .success());
+    let _a = Agent::start_on(&dir, "a", &format!("127.0.0.1:{port}"), &["--join", &b.url]);
+    let mut seen: Vec<String> = watch
+        .all(Duration::from_secs(5))
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                e["event"].as_str().unwrap(),
+                e["instance"].as_str().unwrap(),
+                e["address"].as_str().unwrap()
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec!["down gone 127.0.0.1:81", "up moved 127.0.0.1:92"],
+        "after the restart the watch printed what changed, once each, and nothing else"
+    );
 }
 
 #[test]
@@ -1511,13 +1562,15 @@ impl FakeAgent {
                             ClientMessage::Request(Request::Instances { .. }) => {
                                 vec![ServerMessage::Instances(vec![instance("web-1")])]
                             }
-                            ClientMessage::Request(Request::Watch { .. }) => vec![
-                                ServerMessage::Event(EventView::Up(instance("web-1"))),
-                                ServerMessage::Event(EventView::Down {
-                                    service: "web".into(),
-                                    instance: "web-1".into(),
-                                }),
-                            ],
+                            ClientMessage::Request(Request::Watch { .. } | Request::WatchFrom { .. }) => {
+                                vec![
+                                    ServerMessage::Event(EventView::Up(instance("web-1"))),
+                                    ServerMessage::Event(EventView::Down {
+                                        service: "web".into(),
+                                        instance: "web-1".into(),
+                                    }),
+                                ]
+                            }
                             ClientMessage::Request(_) => vec![ServerMessage::Synced { asked: true }],
                         };
                         for a in &answers {
@@ -1636,8 +1689,12 @@ fn text_output_escapes_what_an_agent_sent() {
     assert_eq!(stdout.lines().count(), 1, "{stdout:?}");
     assert!(!forged(&stdout), "{stdout:?}");
 
-    // The impostor's watch sends one up, one down, then hangs up (the CLI then exits 1).
-    let out = roster_within(&["watch", "web", "--agent", &fake.url], Duration::from_secs(10));
+    // The impostor's watch sends one up, one down, then hangs up (with --once the CLI then
+    // exits 1; without, it would reconnect).
+    let out = roster_within(
+        &["watch", "web", "--once", "--agent", &fake.url],
+        Duration::from_secs(10),
+    );
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{stdout:?}");
