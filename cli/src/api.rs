@@ -303,6 +303,10 @@ pub struct StatusView {
     /// `None` while the data directory can be written; after a write failed, since when,
     /// the last error and when the agent tries again.
     pub store: Option<StoreView>,
+    /// Whether it has caught up with a peer since it started (or has no `--join` seeds);
+    /// false while no seed could be reached.
+    #[serde(default)]
+    pub synced: bool,
 }
 
 /// A data directory that cannot be written.

@@ -847,6 +847,13 @@ impl NodeBuilder {
         node.inner
             .tasks
             .spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
+        if !self.join.is_empty() {
+            node.inner.tasks.spawn(warn_unsynced(
+                node.inner.handle.clone(),
+                self.join.clone(),
+                node.inner.cancel.clone(),
+            ));
+        }
         if self.serve_clients {
             node.inner.tasks.spawn(crate::server::accept(
                 Arc::downgrade(&node.inner),
@@ -980,6 +987,33 @@ async fn save_changes(handle: &Handle, store: &Arc<Store>) -> Result<(), StoreEr
         handle.give_back_unsaved(kept);
     }
     saved
+}
+
+/// How long after its start a node with seeds says it has reached none, and then how
+/// often it says so again while that lasts.
+const UNSYNCED_WARN_AFTER: Duration = Duration::from_secs(10);
+const UNSYNCED_WARN_EVERY: Duration = Duration::from_secs(300);
+
+/// Logs a warning while the node has caught up with no peer: its seeds are all
+/// unreachable (a wrong `--join`, agents not started, a secret or TLS mismatch), and its
+/// reads show only what it had on disk.
+async fn warn_unsynced(handle: Handle, seeds: Vec<String>, cancel: CancellationToken) {
+    let mut wait = UNSYNCED_WARN_AFTER;
+    let mut waited = Duration::ZERO;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = handle.synced() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        waited += wait;
+        warn!(
+            "no peer reached {} after the start: none of the seeds ({}) answered; reads show only what this node had on disk; still trying: check --join, that those agents run, and the cluster secret or TLS files",
+            humantime::format_duration(waited),
+            seeds.join(", ")
+        );
+        wait = UNSYNCED_WARN_EVERY;
+    }
 }
 
 /// Ends own registrations whose `ttl` passed without a new `register`.
@@ -1357,6 +1391,7 @@ impl Node {
                 failures: h.failures,
                 next_retry_ms: h.next_retry_ms,
             }),
+            synced: self.inner.handle.is_synced(),
             counters: CountersView {
                 connections_opened: c.protocol.dials,
                 connections_accepted: c
@@ -1542,6 +1577,23 @@ impl Node {
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         Ok(())
+    }
+
+    /// Whether this node has caught up with a peer since it started: it held everything a
+    /// peer held at some moment (its registrations, the members), so reads answer as the
+    /// cluster would. True at once for a node with no seeds (`join`). See [`Node::synced`].
+    pub fn is_synced(&self) -> bool {
+        self.inner.handle.is_synced()
+    }
+
+    /// Waits up to `within` for [`Node::is_synced`], and says whether it came: a service
+    /// that must not answer from an empty registry waits for this after `start()`. False
+    /// when no seed was reached in time (the node goes on trying) or the node stopped.
+    pub async fn synced(&self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.inner.handle.synced())
+            .await
+            .is_ok()
+            && self.is_synced()
     }
 
     /// Resolves once [`Node::shutdown`] or [`Node::stop`] has finished, whoever called it

@@ -164,6 +164,10 @@ pub fn status(s: &StatusView) {
             s.launches_recent
         ),
         format!("crash guard:     {}", if s.crash_guard { "on" } else { "off" }),
+        format!(
+            "synced:          {}",
+            if s.synced { "yes" } else { "no: no peer reached yet (check --join)" }
+        ),
         match &s.store {
             None if s.data_dir.is_some() => "store:           ok".to_string(),
             None => "store:           (none)".to_string(),

@@ -523,3 +523,31 @@ async fn an_embedded_node_told_no_address_listens_on_a_free_loopback_port_not_th
     assert!(a.url().ends_with(&format!(":{}", addr.port())), "{}", a.url());
     a.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_synced_once_it_caught_up_with_a_peer_and_reads_then_show_the_cluster() {
+    let a = node(None, &[]).await;
+    assert!(a.is_synced(), "a node without seeds has nobody to wait for");
+    let regs = a
+        .register_many(
+            (0..50)
+                .map(|i| Service::new("web", format!("10.0.0.1:{}", 1000 + i)).id(format!("w{i}")))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let b = node(None, &[a.url().to_string()]).await;
+    assert!(b.synced(Duration::from_secs(10)).await, "b caught up with a");
+    // At once, no polling: what a held when b caught up shows in b's reads.
+    assert_eq!(b.lookup("web").len(), 50);
+    assert!(b.status().await.unwrap().synced);
+
+    // A node whose only seed answers nowhere is not synced, and says so.
+    let lone = node(None, &["ws://127.0.0.1:1".to_string()]).await;
+    assert!(!lone.synced(Duration::from_millis(500)).await);
+    assert!(!lone.status().await.unwrap().synced);
+    drop(regs);
+    for n in [lone, b, a] {
+        n.shutdown().await.unwrap();
+    }
+}

@@ -514,6 +514,19 @@ impl Handle {
         self.inner.status.borrow().connected.clone()
     }
 
+    /// Whether the node has caught up with a peer once (or has no seeds): see
+    /// `proto::Node::synced`.
+    pub fn is_synced(&self) -> bool {
+        self.inner.status.borrow().synced
+    }
+
+    /// Waits until [`Handle::is_synced`]. Returns at once if it is; never if no peer is
+    /// ever reached (bound it with a timeout). Returns early, unsynced, if the node stops.
+    pub async fn synced(&self) {
+        let mut status = self.inner.status.clone();
+        let _ = status.wait_for(|s| s.synced).await;
+    }
+
     /// Registers (or updates) an instance this node owns; it lives by the node's lease
     /// (`Config::member_lease_ttl_ms`), which the node renews. The cluster hears of it
     /// within a push delay.

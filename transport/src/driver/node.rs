@@ -72,6 +72,8 @@ impl std::fmt::Debug for Inspect {
 pub(super) struct Status {
     pub counters: Counters,
     pub connected: Vec<(ReplicaId, bool)>,
+    /// See `proto::Node::synced`.
+    pub synced: bool,
 }
 
 /// The channels the node task publishes on.
@@ -432,16 +434,26 @@ impl NodeTask {
         self.snapshot_cost = cost;
         self.snapshot_interval = (cost * SNAPSHOT_COST_FACTOR).max(SNAPSHOT_INTERVAL);
         self.dirty = false;
+        // Synced shows only with the snapshot that holds what the node caught up with.
+        self.publish_status();
     }
 
     fn publish_status(&self) {
         let counters = self.node.counters();
         let connected = self.node.connected();
+        // Said only once the replica readers see holds what the node caught up with; and
+        // once said, kept.
+        let caught_up = self.node.synced() && !self.dirty;
         self.publish.status.send_if_modified(|s| {
-            if s.counters == counters && s.connected == connected {
+            let synced = s.synced || caught_up;
+            if s.counters == counters && s.connected == connected && s.synced == synced {
                 return false;
             }
-            *s = Status { counters, connected };
+            *s = Status {
+                counters,
+                connected,
+                synced,
+            };
             true
         });
     }

@@ -507,6 +507,8 @@ pub struct Node {
     outputs: VecDeque<Output>,
     counters: Counters,
     stopping: bool,
+    /// Whether this node has caught up with a peer once (see [`Node::synced`]).
+    synced: bool,
     /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
     /// full state sent unasked.
     guarded: bool,
@@ -684,6 +686,7 @@ impl Node {
             outputs: VecDeque::new(),
             counters: Counters::default(),
             stopping: false,
+            synced: false,
             guarded: resume.crash_guard,
             guard_dial_at: 0,
             leases_shipped: resume.leases_shipped,
@@ -761,6 +764,24 @@ impl Node {
             })
             .collect();
         (self.buffer.head(), peers)
+    }
+
+    /// Whether this node has caught up with a peer at least once since it started: it held
+    /// everything in some peer's digest (the peer's context when it sent it), a peer's state
+    /// hash equalled its own, or it has no seeds (nobody to catch up with). Sticky: later
+    /// changes arrive as deltas. What `Node::ready` in the `roster` crate waits for.
+    pub fn synced(&self) -> bool {
+        self.synced || self.seeds.is_empty()
+    }
+
+    fn note_synced(&mut self, peer: ReplicaId) {
+        if self.synced {
+            return;
+        }
+        let digest = self.peers.get(&peer).and_then(|p| p.digest.as_deref());
+        if digest.is_some_and(|d| self.replica.context().includes(d)) {
+            self.synced = true;
+        }
     }
 
     /// The peers with an open connection, and whether we dialed it.
@@ -1290,6 +1311,7 @@ impl Node {
         };
         self.counters.messages_received += 1;
         let result = self.handle(conn, peer, envelope, now);
+        self.note_synced(peer);
         if let Err(e) = &result {
             if let ProtocolError::Refused(_) = e {
                 self.counters.states_refused += 1;
