@@ -114,7 +114,11 @@ const TTL_CHECK: Duration = Duration::from_millis(250);
 const CLIENT_QUEUE: usize = 64;
 
 /// Why a node could not start or do what it was asked. Nothing changed.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its one-line message, so a service whose `main` returns it (through `?`
+/// and `Box<dyn Error>`) prints `Error: cannot listen on ...: ...; pick another --listen
+/// address`, not the variant's fields.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// Bad input: a name, an address, metadata, a TTL.
     #[error("{0}")]
@@ -150,6 +154,12 @@ pub enum Error {
         /// When it may run again.
         retry_after: Duration,
     },
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl From<DriverError> for Error {
@@ -268,6 +278,9 @@ pub enum Event {
         service: String,
         /// The instance id.
         id: String,
+        /// The address it had when this watch last showed it (empty for one the watch
+        /// never showed: a remote client's, resumed with `WatchFrom`).
+        address: String,
     },
 }
 
@@ -1276,6 +1289,7 @@ impl Node {
                 pending.push_back(Event::Down {
                     service: service.to_string(),
                     id: id.clone(),
+                    address: String::new(),
                 });
             }
         }
@@ -1709,10 +1723,11 @@ impl WatchState {
                     }
                 }
                 Ok(Change::Down { service, provider }) if service == name => {
-                    if self.known.remove(provider.as_str()).is_some() {
+                    if let Some(gone) = self.known.remove(provider.as_str()) {
                         return Some(Event::Down {
                             service: service.as_str().to_string(),
                             id: provider.as_str().to_string(),
+                            address: gone.address,
                         });
                     }
                 }
@@ -1734,11 +1749,12 @@ impl WatchState {
                 (i.id.clone(), i)
             })
             .collect();
-        for id in self.known.keys() {
+        for (id, gone) in &self.known {
             if !now.contains_key(id) {
                 self.pending.push_back(Event::Down {
                     service: name.as_str().to_string(),
                     id: id.clone(),
+                    address: gone.address.clone(),
                 });
             }
         }

@@ -428,7 +428,7 @@ async fn watch(
                 let Some(e) = e else { return };
                 let view = match e {
                     Event::Up(i) => EventView::Up(i.view()),
-                    Event::Down { service, id } => EventView::Down { service, instance: id },
+                    Event::Down { service, id, .. } => EventView::Down { service, instance: id },
                 };
                 if send(ws, &ServerMessage::Event(view)).await.is_err() {
                     return;

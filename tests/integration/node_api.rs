@@ -86,7 +86,10 @@ async fn a_registration_is_found_watched_and_dropping_its_handle_deregisters_it(
 
     drop(reg);
     match next_event(&mut changes).await {
-        Event::Down { service, id } => assert_eq!((service.as_str(), id.as_str()), ("web", "web-1")),
+        Event::Down { service, id, address } => assert_eq!(
+            (service.as_str(), id.as_str(), address.as_str()),
+            ("web", "web-1", "127.0.0.1:8080")
+        ),
         other => panic!("expected down, got {other:?}"),
     }
     assert!(b.lookup("web").is_empty());
@@ -550,4 +553,21 @@ async fn a_node_is_synced_once_it_caught_up_with_a_peer_and_reads_then_show_the_
     for n in [lone, b, a] {
         n.shutdown().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_returned_from_main_prints_its_one_line_message() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let e = Node::builder().listen(&addr).start().await.unwrap_err();
+    // `fn main() -> Result<(), Box<dyn Error>>` prints `Error: {:?}`.
+    let boxed: Box<dyn std::error::Error> = Box::new(e);
+    let printed = format!("{boxed:?}");
+    assert_eq!(printed, boxed.to_string());
+    assert!(
+        printed.starts_with(&format!("cannot listen on {addr}")),
+        "{printed}"
+    );
+    assert!(printed.contains("pick another --listen address"), "{printed}");
+    assert_eq!(printed.lines().count(), 1, "{printed}");
 }
