@@ -1,0 +1,620 @@
+//! How a node starts: its settings, checked, then the data directory opened, the
+//! transport started and the background tasks spawned.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use roster_registry::{Replica, ReplicaId};
+use roster_transport::driver::{self, DriverConfig, StartError};
+use roster_transport::handshake::Secret;
+use roster_transport::proto::{self, OwnedRegistration, Resume};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use super::tasks::{saver, ttl_keeper, warn_unsynced};
+use super::{
+    millis, now_ms, CrashGuard, Error, Inner, Node, CLIENT_QUEUE, DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD,
+    DEFAULT_LEASE_TTL, DEFAULT_MAX_CLOCK_SKEW, DEFAULT_SYNC_MIN_INTERVAL, MAX_CLOCK_SKEW_MS,
+    MIN_CLOCK_SKEW_MS,
+};
+use crate::store::{OwnedRecord, Store};
+
+/// The secret's bytes as the builder holds them; `Debug` shows only their length.
+#[derive(Clone)]
+struct SecretBytes(Vec<u8>);
+
+impl std::fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes, redacted>", self.0.len())
+    }
+}
+
+/// The secret length below which a node warns at start (the hard minimum is
+/// [`roster_transport::handshake::MIN_SECRET_LEN`]).
+const STRONG_SECRET_LEN: usize = 32;
+/// The fewest distinct byte values a secret of [`STRONG_SECRET_LEN`] bytes or more may hold
+/// without a warning (a hex string of random bytes holds 16; `aaaa...` or a repeated word
+/// far fewer).
+const STRONG_SECRET_DISTINCT: usize = 10;
+
+/// Why a secret looks easy to guess, if it does: fewer than [`STRONG_SECRET_LEN`] bytes,
+/// or fewer than [`STRONG_SECRET_DISTINCT`] distinct byte values. A heuristic: it cannot
+/// tell a passphrase from random bytes, only catch the obvious.
+fn secret_weakness(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < STRONG_SECRET_LEN {
+        return Some(format!(
+            "has {} bytes, fewer than {STRONG_SECRET_LEN}",
+            bytes.len()
+        ));
+    }
+    let mut seen = [false; 256];
+    for &b in bytes {
+        seen[usize::from(b)] = true;
+    }
+    let distinct = seen.iter().filter(|&&x| x).count();
+    (distinct < STRONG_SECRET_DISTINCT).then(|| {
+        format!(
+            "holds only {distinct} distinct byte values in {} bytes",
+            bytes.len()
+        )
+    })
+}
+
+/// How to start a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeBuilder {
+    listen: String,
+    advertise: Option<String>,
+    join: Vec<String>,
+    data_dir: Option<PathBuf>,
+    secret: Option<SecretBytes>,
+    name: Option<String>,
+    cluster: String,
+    fanout: usize,
+    gossip_interval: Duration,
+    lease_ttl: Duration,
+    lease_per_member: Duration,
+    max_clock_skew: Duration,
+    reset_identity: bool,
+    sync_min_interval: Duration,
+    serve_clients: bool,
+    client_auth_always: bool,
+    crash_guard: Option<CrashGuard>,
+    tls: Option<driver::TlsConfig>,
+}
+
+impl Default for NodeBuilder {
+    fn default() -> Self {
+        let protocol = proto::Config::default();
+        Self {
+            // A free port: an embedded node must not take the agent's (DEFAULT_LISTEN).
+            listen: "127.0.0.1:0".to_string(),
+            advertise: None,
+            join: Vec::new(),
+            data_dir: None,
+            secret: None,
+            name: None,
+            cluster: DEFAULT_CLUSTER.to_string(),
+            fanout: protocol.fanout,
+            gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            lease_per_member: Duration::from_millis(protocol.lease_per_member_ms),
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
+            reset_identity: false,
+            sync_min_interval: DEFAULT_SYNC_MIN_INTERVAL,
+            serve_clients: false,
+            client_auth_always: false,
+            crash_guard: Some(DEFAULT_CRASH_GUARD),
+            tls: None,
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// The address to listen on for peers (and clients). Default `127.0.0.1:0`: a free
+    /// loopback port ([`Node::url`] says which), so an embedded node never takes the port
+    /// of an agent on the same host ([`DEFAULT_LISTEN`]).
+    #[must_use]
+    pub fn listen(mut self, addr: impl Into<String>) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    /// The URL peers dial (default: `ws://` and the bound address).
+    #[must_use]
+    pub fn advertise(mut self, url: impl Into<String>) -> Self {
+        self.advertise = Some(url.into());
+        self
+    }
+
+    /// Seed URLs to join through (`ws://host:port`).
+    #[must_use]
+    pub fn join<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.join.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Where the replica, the node's identity and its registrations live. Without one the
+    /// node is ephemeral: a new identity each start, nothing resumed.
+    #[must_use]
+    pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.data_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// The cluster secret (at least 16 bytes). Without one the node listens on loopback only.
+    #[must_use]
+    pub fn cluster_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(SecretBytes(secret.into()));
+        self
+    }
+
+    /// The node's name, for people (default: `node-<id>`).
+    #[must_use]
+    pub fn node_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The cluster's name: nodes of another cluster are refused (default `roster`).
+    #[must_use]
+    pub fn cluster(mut self, name: impl Into<String>) -> Self {
+        self.cluster = name.into();
+        self
+    }
+
+    /// Peers each push and gossip round goes to (default 3).
+    #[must_use]
+    pub fn fanout(mut self, n: usize) -> Self {
+        self.fanout = n;
+        self
+    }
+
+    /// The gossip round (default 1 s).
+    #[must_use]
+    pub fn gossip_interval(mut self, d: Duration) -> Self {
+        self.gossip_interval = d;
+        self
+    }
+
+    /// The shortest lease of this node's registrations and membership (default 30 s): when
+    /// the node dies and no peer writes it dead, its registrations disappear this long after
+    /// its last renewal. In a larger cluster the lease is longer (see
+    /// [`NodeBuilder::lease_per_member`]).
+    #[must_use]
+    pub fn lease_ttl(mut self, d: Duration) -> Self {
+        self.lease_ttl = d;
+        self
+    }
+
+    /// How much the lease grows per live member this node sees, their count rounded up to a
+    /// power of two (default 24 s; at most 24 h in all), so renewals, which reach every
+    /// node, cost each node the same at any size. Zero keeps the lease at
+    /// [`NodeBuilder::lease_ttl`] whatever the cluster's size.
+    #[must_use]
+    pub fn lease_per_member(mut self, d: Duration) -> Self {
+        self.lease_per_member = d;
+        self
+    }
+
+    /// How far ahead of this node's clock a peer's clock, and any time in what it sends (a
+    /// registration's write, a lease), may be (default 5 s); further is refused, so no
+    /// deadline lies further ahead than this plus the longest lease. Expired leases are
+    /// collected no sooner than this after their end.
+    #[must_use]
+    pub fn max_clock_skew(mut self, d: Duration) -> Self {
+        self.max_clock_skew = d;
+        self
+    }
+
+    /// Start under a new identity, keeping the registrations this node owns (default
+    /// `false`): the replica, the counter floor and what the node knew of its peers are
+    /// forgotten and resynced from peers. The way out of a data directory whose replica
+    /// cannot be read (a history poisoned before roster checked what peers send). Has
+    /// effect only with a data directory; use it for one start.
+    #[must_use]
+    pub fn reset_identity(mut self, yes: bool) -> Self {
+        self.reset_identity = yes;
+        self
+    }
+
+    /// The least time between two manual syncs (default 30 s).
+    #[must_use]
+    pub fn sync_min_interval(mut self, d: Duration) -> Self {
+        self.sync_min_interval = d;
+        self
+    }
+
+    /// Whether to serve `roster` clients on the listener (what `roster agent` does).
+    #[must_use]
+    pub fn serve_clients(mut self, yes: bool) -> Self {
+        self.serve_clients = yes;
+        self
+    }
+
+    /// The crash-loop guard (default: more than 5 launches in 5 minutes); `None` turns it
+    /// off. Launches are counted in the data directory; a node without one never trips it.
+    /// Under the guard the node keeps its own registrations and lease, answers reads and
+    /// receives deltas, but opens one connection only, takes the long backoff, and sends no
+    /// full state unasked, until it has stayed up for the window.
+    #[must_use]
+    pub fn crash_guard(mut self, guard: Option<CrashGuard>) -> Self {
+        self.crash_guard = guard;
+        self
+    }
+
+    /// Whether clients on loopback must prove the cluster secret too (default: only
+    /// clients elsewhere must). Has effect only with a secret.
+    #[must_use]
+    pub fn require_client_auth(mut self, always: bool) -> Self {
+        self.client_auth_always = always;
+        self
+    }
+
+    /// Mutual TLS from PEM files: this node's certificate chain, its private key, and the
+    /// CA that signs every node's certificate. The node then serves `wss://` only (its URL
+    /// becomes `wss://`), dials `wss://` peers checking their certificates against the CA,
+    /// presents its certificate to the peers it dials, and refuses a peer, or a client not on
+    /// loopback, that shows no certificate of that CA.
+    #[must_use]
+    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>, ca: impl Into<PathBuf>) -> Self {
+        self.tls = Some(driver::TlsConfig {
+            cert_pem: cert.into(),
+            key_pem: key.into(),
+            ca_pem: ca.into(),
+        });
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if let Some(tls) = &self.tls {
+            tls.check().map_err(|e| Error::Invalid(format!("TLS: {e}")))?;
+        }
+        if self.fanout == 0 || self.fanout > 64 {
+            return Err(Error::Invalid(format!(
+                "fanout {} is out of range; use 1 to 64",
+                self.fanout
+            )));
+        }
+        let gossip = millis(self.gossip_interval);
+        if !(10..=60_000).contains(&gossip) {
+            return Err(Error::Invalid(format!(
+                "gossip interval {:?} is out of range; use 10ms to 60s",
+                self.gossip_interval
+            )));
+        }
+        let lease = millis(self.lease_ttl);
+        if !(roster_registry::MIN_LEASE_TTL_MS..=roster_registry::MAX_LEASE_TTL_MS).contains(&lease)
+            || lease < 3 * gossip
+        {
+            return Err(Error::Invalid(format!(
+                "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
+                self.lease_ttl
+            )));
+        }
+        if millis(self.lease_per_member) > roster_registry::MAX_LEASE_TTL_MS {
+            return Err(Error::Invalid(format!(
+                "lease per member {:?} is out of range; use 0s (a lease of --lease-ttl at any size) to 24h",
+                self.lease_per_member
+            )));
+        }
+        let skew = millis(self.max_clock_skew);
+        if !(MIN_CLOCK_SKEW_MS..=MAX_CLOCK_SKEW_MS).contains(&skew) {
+            return Err(Error::Invalid(format!(
+                "max clock skew {:?} is out of range; use 100ms to 10m",
+                self.max_clock_skew
+            )));
+        }
+        if self.join.len() > proto::MAX_SEEDS {
+            return Err(Error::Invalid(format!(
+                "{} join URLs; give at most {}",
+                self.join.len(),
+                proto::MAX_SEEDS
+            )));
+        }
+        for url in &self.join {
+            if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
+                return Err(Error::Invalid(format!(
+                    "join URL {url:?} is not ws://host:port or wss://host:port"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the node: opens the data directory, resumes the replica and the node's own
+    /// registrations from it, binds the listener and joins the cluster.
+    ///
+    /// # Errors
+    /// [`Error`]; nothing is left running.
+    pub async fn start(self) -> Result<Node, Error> {
+        self.check()?;
+        let secret = self
+            .secret
+            .clone()
+            .map(|s| Secret::new(s.0))
+            .transpose()
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        if let Some(why) = self.secret.as_ref().and_then(|s| secret_weakness(&s.0)) {
+            warn!(
+                "the cluster secret {why}: a short or repetitive secret can be guessed offline from one captured proof; \
+                 use {STRONG_SECRET_LEN} random bytes (`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)"
+            );
+        }
+        let listener = TcpListener::bind(&self.listen)
+            .await
+            .map_err(|source| Error::Listen {
+                addr: self.listen.clone(),
+                source,
+            })?;
+        // Refuse what the transport would refuse before the store records a launch.
+        let bound = listener.local_addr().map_err(|source| Error::Listen {
+            addr: self.listen.clone(),
+            source,
+        })?;
+        if secret.is_none() && !bound.ip().is_loopback() {
+            return Err(Error::Start(StartError::Unauthenticated { addr: bound }));
+        }
+        if secret.is_some() && self.tls.is_none() && !bound.ip().is_loopback() {
+            warn!(
+                "listening on {bound} without TLS: the cluster secret authenticates each connection's handshake, \
+                 but the messages after it are not protected (an on-path attacker can read and alter them); \
+                 pass --tls-cert, --tls-key and --tls-ca"
+            );
+        }
+        if bound.ip().is_unspecified() && self.advertise.is_none() {
+            return Err(Error::Invalid(format!(
+                "listening on {bound} needs --advertise ws://HOST:PORT: peers cannot dial {}",
+                bound.ip()
+            )));
+        }
+        if let Some(url) = &self.advertise {
+            if self.tls.is_some() != url.starts_with("wss://") {
+                return Err(Error::Invalid(format!(
+                    "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
+                    if self.tls.is_some() { "with" } else { "without" },
+                    if self.tls.is_some() { "wss://" } else { "ws://" }
+                )));
+            }
+            if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
+                return Err(Error::Invalid(format!(
+                    "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
+                )));
+            }
+        }
+        let new_id = ReplicaId(
+            getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
+        );
+        let now = now_ms();
+        let (store, replica, owned, removed, launches) = match &self.data_dir {
+            Some(dir) => {
+                let dir = dir.clone();
+                let reset = self.reset_identity;
+                let (store, loaded) = tokio::task::spawn_blocking(move || match reset {
+                    true => Store::open_resetting(&dir, new_id, now),
+                    false => Store::open(&dir, new_id, now),
+                })
+                .await
+                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                for note in &loaded.warnings {
+                    warn!("{note}");
+                }
+                if let Some(old) = loaded.reset_from {
+                    warn!(
+                        "this node takes the new identity {new_id} (it was {old}), as --reset-identity \
+                         asked: it forgot its replica and resyncs it from its peers, and writes its own \
+                         registrations again; start it without the flag from now on"
+                    );
+                }
+                let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
+                    .owned
+                    .into_iter()
+                    .partition(|r| r.expires_at_ms.is_none_or(|t| t > now));
+                for r in ended {
+                    info!(
+                        service = r.service,
+                        instance = r.instance,
+                        "its ttl passed while the node was down: deregistered"
+                    );
+                    store.remove_owned(&r.service, &r.instance, now)?;
+                }
+                (
+                    Some(Arc::new(store)),
+                    loaded.replica,
+                    owned,
+                    loaded.removed,
+                    (loaded.launches, loaded.memory),
+                )
+            }
+            None => (
+                None,
+                Replica::new(new_id),
+                Vec::new(),
+                Vec::new(),
+                (vec![now], Vec::new()),
+            ),
+        };
+        let (launches, memory) = launches;
+        // What the last process knew of its peers; unreadable memory is only a lost hint.
+        let memory: proto::Memory = if memory.is_empty() {
+            proto::Memory::default()
+        } else {
+            postcard::from_bytes(&memory).unwrap_or_else(|e| {
+                warn!("ignored the saved peer backoffs: {e}");
+                proto::Memory::default()
+            })
+        };
+        let window = self.crash_guard.map_or(Duration::from_secs(300), |g| g.window);
+        let since = now.saturating_sub(millis(window));
+        let launches_recent = launches.iter().filter(|t| **t >= since).count() as u64;
+        let guarded = self
+            .crash_guard
+            .is_some_and(|g| store.is_some() && launches_recent > u64::from(g.launches));
+        let id = replica.id();
+        let name = self.name.clone().unwrap_or_else(|| format!("node-{id}"));
+        let mut resume = Resume {
+            owned: Vec::new(),
+            removed,
+            drop_unowned: store.is_some(),
+            peers: memory.peers,
+            seeds: memory.seeds,
+            crash_guard: guarded,
+            leases_shipped: memory.leases_shipped,
+        };
+        if guarded {
+            warn!(
+                launches = launches_recent,
+                "crash-loop guard on: more than {} launches within {}; until this process has been up that long it keeps to the essential (one connection, the long backoff, no full state unasked)",
+                self.crash_guard.map_or(0, |g| g.launches),
+                humantime::format_duration(window)
+            );
+        }
+        let mut owned_map = BTreeMap::new();
+        for mut rec in owned {
+            // Saved for older builds, which gave each registration a lease of its own: it
+            // lives by the node's lease now.
+            rec.lease_ttl_ms = millis(self.lease_ttl);
+            match rec.parts() {
+                Ok((service, provider, endpoint, meta)) => {
+                    resume.owned.push(OwnedRegistration {
+                        service,
+                        provider,
+                        endpoint,
+                        meta,
+                    });
+                    owned_map.insert(rec.key(), rec);
+                }
+                Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
+            }
+        }
+        let protocol = proto::Config {
+            fanout: self.fanout,
+            max_outbound: self.fanout,
+            gossip_interval_ms: millis(self.gossip_interval),
+            member_lease_ttl_ms: millis(self.lease_ttl),
+            lease_per_member_ms: millis(self.lease_per_member),
+            max_skew_ms: millis(self.max_clock_skew),
+            // The grace before collecting an ended lease is at least the allowed skew.
+            expire_grace_ms: proto::Config::default()
+                .expire_grace_ms
+                .max(millis(self.max_clock_skew)),
+            ..proto::Config::default()
+        };
+        let (clients_tx, clients_rx) = mpsc::channel(CLIENT_QUEUE);
+        let mut config = DriverConfig::new(self.cluster.clone(), name.clone());
+        config.advertise_url = self.advertise.clone();
+        config.secret = secret.clone();
+        config.protocol = protocol;
+        config.resume = resume;
+        config.clients = self.serve_clients.then_some(clients_tx);
+        config.tls = self.tls.clone();
+        let cancel = CancellationToken::new();
+        let handle = driver::start(listener, config, replica, self.join.clone(), cancel.clone())?;
+        let inner = Arc::new(Inner {
+            handle,
+            store: std::sync::Mutex::new(store.clone()),
+            data_dir: self.data_dir.clone(),
+            cancel,
+            closed: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            lease_ttl_ms: millis(self.lease_ttl),
+            sync_min_interval: self.sync_min_interval,
+            started: Instant::now(),
+            launches_recent,
+            guarded: std::sync::atomic::AtomicBool::new(guarded),
+            owned: Mutex::new(owned_map),
+            queue: std::sync::Mutex::default(),
+            secret,
+            client_auth_always: self.client_auth_always,
+            last_sync: std::sync::Mutex::new(None),
+            pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+        });
+        let node = Node { inner };
+        if let Some(store) = store {
+            node.inner
+                .tasks
+                .spawn(saver(node.inner.handle.clone(), store, node.inner.cancel.clone()));
+        }
+        if guarded {
+            let weak = Arc::downgrade(&node.inner);
+            let cancel = node.inner.cancel.clone();
+            node.inner.tasks.spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(window) => {
+                        if let Some(inner) = weak.upgrade() {
+                            if inner.handle.set_crash_guard(false).await.is_ok() {
+                                inner.guarded.store(false, std::sync::atomic::Ordering::Relaxed);
+                                info!("crash-loop guard off: up for {}", humantime::format_duration(window));
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        node.inner
+            .tasks
+            .spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
+        if !self.join.is_empty() {
+            node.inner.tasks.spawn(warn_unsynced(
+                node.inner.handle.clone(),
+                self.join.clone(),
+                node.inner.cancel.clone(),
+            ));
+        }
+        if self.serve_clients {
+            node.inner.tasks.spawn(crate::server::accept(
+                Arc::downgrade(&node.inner),
+                clients_rx,
+                node.inner.cancel.clone(),
+            ));
+        }
+        // Clients are served from here on, from the replica as loaded; what this returns
+        // shows the node's own registrations written again.
+        node.inner.handle.resumed().await;
+        Ok(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_builders_debug_output_never_shows_the_secret() {
+        let secret = "correct-horse-battery-staple-0123456789";
+        let shown = format!("{:?}", Node::builder().cluster_secret(secret));
+        assert!(!shown.contains(secret), "{shown}");
+        // Nor its bytes as numbers, as a derived Debug of a Vec<u8> would print them.
+        let as_numbers = format!("{:?}", &secret.as_bytes()[..4]);
+        assert!(!shown.contains(as_numbers.trim_matches(['[', ']'])), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    #[test]
+    fn short_or_repetitive_secrets_are_called_weak_and_random_ones_are_not() {
+        assert!(secret_weakness(b"sixteen-bytes-or-more")
+            .unwrap()
+            .contains("21 bytes"));
+        assert!(secret_weakness(&[b'a'; 64]).unwrap().contains("1 distinct"));
+        assert!(secret_weakness(b"passwordpasswordpasswordpassword").is_some());
+        // 32 random bytes in base64 (as the docs say to make one), and in hex.
+        assert_eq!(
+            secret_weakness(b"q8Vw0yU3kq2m9Hc7r1XfLZb0pQe5T4nJ6sYdGa2uWkE="),
+            None
+        );
+        assert_eq!(
+            secret_weakness(b"3f9a0c27d1e84b6f5a2c9e07b3d14f68a9c2e5071b3d4f6e8a0c2e4f6a8b0c1d"),
+            None
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The node's background tasks: saving the replica, ending passed `ttl`s, warning while
+//! no peer is reached.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use roster_transport::driver::Handle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{now_ms, Inner, Node};
+use crate::store::{Store, StoreError};
+
+/// How often what the node knows of its peers (backoffs) is compared with what was saved.
+const MEMORY_CHECK: Duration = Duration::from_millis(250);
+/// The least time between two saves of the replica (group commit).
+const SAVE_INTERVAL: Duration = Duration::from_millis(100);
+/// Saves of a large replica are spaced further: writing may take at most a tenth of the time.
+const SAVE_COST_FACTOR: u32 = 10;
+/// How often own registrations with a `ttl` are checked for their end.
+const TTL_CHECK: Duration = Duration::from_millis(250);
+
+/// Saves the replica after changes, in batches (group commit). After a failed write it
+/// reopens the store on its backoff, and saves what is unsaved once it can.
+pub(super) async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
+    let mut rx = handle.watch_replica();
+    let mut interval = SAVE_INTERVAL;
+    let mut saved_memory: Vec<u8> = Vec::new();
+    // A change the last save attempt did not write.
+    let mut unsaved = false;
+    loop {
+        let replica_changed = tokio::select! {
+            () = cancel.cancelled() => return,
+            r = rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                true
+            }
+            () = tokio::time::sleep(MEMORY_CHECK) => false,
+        };
+        unsaved |= replica_changed;
+        if store.health().is_some() {
+            // Closed after a failed write (the store logged it): nothing is written until
+            // it reopens on its backoff; then the save below is the write that proves it.
+            let s = Arc::clone(&store);
+            match tokio::task::spawn_blocking(move || s.reopen_if_due()).await {
+                Ok(Some(false)) | Err(_) => continue,
+                Ok(_) => unsaved = true,
+            }
+        }
+        if unsaved {
+            if replica_changed {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(interval) => {}
+                }
+            }
+            rx.borrow_and_update();
+            let started = Instant::now();
+            match save_changes(&handle, &store).await {
+                Ok(()) => unsaved = false,
+                Err(StoreError::Unwritable { .. }) => continue,
+                Err(e) => warn!("could not save the replica: {e}"),
+            }
+            interval = (started.elapsed() * SAVE_COST_FACTOR).max(SAVE_INTERVAL);
+        }
+        // Backoffs change without the replica changing (a dial that fails): save them
+        // when they differ from what is on disk, so the next process honours them.
+        let Ok(memory) = handle.inspect(|n, _| n.memory()).await else {
+            return;
+        };
+        let Ok(bytes) = postcard::to_stdvec(&memory) else {
+            continue;
+        };
+        if bytes != saved_memory {
+            let store = Arc::clone(&store);
+            let b = bytes.clone();
+            match tokio::task::spawn_blocking(move || store.save_memory(&b)).await {
+                Ok(Ok(())) => saved_memory = bytes,
+                Ok(Err(StoreError::Unwritable { .. })) => {}
+                Ok(Err(e)) => warn!("could not save the peer backoffs: {e}"),
+                Err(e) => warn!("the save task failed: {e}"),
+            }
+        }
+    }
+}
+
+/// Saves the latest replica snapshot: the entries changed since the last save, and the
+/// context. Keys it could not write are given back, to be written by the next save.
+async fn save_changes(handle: &Handle, store: &Arc<Store>) -> Result<(), StoreError> {
+    let (replica, changed) = handle.take_unsaved();
+    // Kept here too: a save task that panicked must not lose them.
+    let kept = changed.clone();
+    let s = Arc::clone(store);
+    let saved = tokio::task::spawn_blocking(move || s.save_replica(&replica, &changed, false))
+        .await
+        .unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                path: store.path().to_path_buf(),
+                why: format!("the save task failed: {e}"),
+            })
+        });
+    if saved.is_err() {
+        handle.give_back_unsaved(kept);
+    }
+    saved
+}
+
+/// How long after its start a node with seeds says it has reached none, and then how
+/// often it says so again while that lasts.
+const UNSYNCED_WARN_AFTER: Duration = Duration::from_secs(10);
+const UNSYNCED_WARN_EVERY: Duration = Duration::from_secs(300);
+
+/// Logs a warning while the node has caught up with no peer: its seeds are all
+/// unreachable (a wrong `--join`, agents not started, a secret or TLS mismatch), and its
+/// reads show only what it had on disk.
+pub(super) async fn warn_unsynced(handle: Handle, seeds: Vec<String>, cancel: CancellationToken) {
+    let mut wait = UNSYNCED_WARN_AFTER;
+    let mut waited = Duration::ZERO;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = handle.synced() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        waited += wait;
+        warn!(
+            "no peer reached {} after the start: none of the seeds ({}) answered; reads show only what this node had on disk; still trying: check --join, that those agents run, and the cluster secret or TLS files",
+            humantime::format_duration(waited),
+            seeds.join(", ")
+        );
+        wait = UNSYNCED_WARN_EVERY;
+    }
+}
+
+/// Ends own registrations whose `ttl` passed without a new `register`.
+pub(super) async fn ttl_keeper(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(TTL_CHECK) => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let node = Node { inner };
+        node.save_pending_removals().await;
+        let now = now_ms();
+        let due: Vec<(String, String)> = node
+            .inner
+            .owned
+            .lock()
+            .await
+            .values()
+            .filter(|r| r.expires_at_ms.is_some_and(|t| t <= now))
+            .map(|r| (r.service.clone(), r.instance.clone()))
+            .collect();
+        for (service, instance) in due {
+            info!(
+                service,
+                instance, "registration TTL passed without a new register: deregistering"
+            );
+            node.expire(&service, &instance).await;
+        }
+    }
+}
