@@ -498,7 +498,9 @@ impl Node {
         }
     }
 
-    /// Removes an instance this node owns (from disk first, then from the cluster).
+    /// Removes an instance this node owns (from disk first, then from the cluster), and
+    /// returns once the removal was handed to the connection of every connected peer (see
+    /// [`Registration::deregister`]).
     ///
     /// # Errors
     /// [`Error::NotFound`] when this node owns no such instance; [`Error::Store`];

@@ -571,3 +571,32 @@ async fn an_error_returned_from_main_prints_its_one_line_message() {
     assert!(printed.contains("pick another --listen address"), "{printed}");
     assert_eq!(printed.lines().count(), 1, "{printed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deregistration_returns_once_its_change_was_handed_to_every_connected_peer() {
+    let a = node(None, &[]).await;
+    let b = node(None, &[a.url().to_string()]).await;
+    let web = || Service::new("web", "127.0.0.1:80").id("web-1");
+    let first = a.register(web()).await.unwrap();
+    assert!(within(Duration::from_secs(10), || b.lookup("web").len() == 1).await);
+    let mut reg = Some(first);
+    for round in 0..20 {
+        let r = match reg.take() {
+            Some(r) => r,
+            None => a.register(web()).await.unwrap(),
+        };
+        r.deregister().await.unwrap();
+        // At once, before any timer of the node runs again: its push went to b.
+        let (head, through) = a
+            .transport()
+            .inspect(|n, _| (n.buffer_head(), n.pushed_through()))
+            .await
+            .unwrap();
+        assert!(
+            through >= head,
+            "round {round}: pushed through {through}, head {head}"
+        );
+    }
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}

@@ -27,8 +27,9 @@ impl Registration {
         &self.service
     }
 
-    /// Deregisters the instance and waits until it is off disk and applied by the node; the
-    /// push to connected peers follows at once (batched with others under a burst).
+    /// Deregisters the instance and waits until it is off disk, applied by the node, and
+    /// handed to the connection of every connected peer (within a push, a few
+    /// milliseconds; at most a second for a peer that catches up by digest instead).
     ///
     /// # Errors
     /// As [`Node::deregister`].

@@ -109,7 +109,21 @@ pub(super) struct NodeTask {
     events_due: Vec<Change>,
     /// One line per peer per minute about the messages it sent that were refused.
     refusals: QuietLog<ReplicaId>,
+    /// Deregistrations answered once their delta (at this buffer position) was handed to
+    /// every connected peer, or at the deadline (a peer that catches up otherwise).
+    awaiting_push: Vec<AwaitingPush>,
 }
+
+#[derive(Debug)]
+struct AwaitingPush {
+    head: u64,
+    deadline: Instant,
+    result: Result<bool, DriverError>,
+    reply: oneshot::Sender<Result<bool, DriverError>>,
+}
+
+/// The longest a deregistration waits for its push before it is answered anyway.
+const PUSH_WAIT: Duration = Duration::from_secs(1);
 
 /// How often the log may speak of refusals from the same peer.
 const REFUSAL_LOG_EVERY_MS: u64 = 60_000;
@@ -141,6 +155,7 @@ impl NodeTask {
             snapshot_cost: Duration::ZERO,
             stopping: false,
             events_due: Vec::new(),
+            awaiting_push: Vec::new(),
             refusals: QuietLog::new(REFUSAL_LOG_EVERY_MS),
         }
     }
@@ -159,6 +174,7 @@ impl NodeTask {
         let mut deadline: Option<Instant> = None;
         loop {
             self.flush();
+            self.answer_pushed();
             let now = Instant::now();
             // Events wait for the snapshot that shows them, but only as long as copying
             // takes a tenth of the time; other changes are batched for the full interval.
@@ -176,6 +192,11 @@ impl NodeTask {
                 Some(p) if self.dirty => wake.min(p),
                 _ => wake,
             };
+            let wake = self
+                .awaiting_push
+                .iter()
+                .map(|a| a.deadline)
+                .fold(wake, Instant::min);
             tokio::select! {
                 biased;
                 () = self.shared.shutdown.cancelled(), if deadline.is_none() => {
@@ -204,6 +225,7 @@ impl NodeTask {
             }
         }
         self.flush();
+        self.answer_pushed();
         self.shared.abort.cancel();
         if !self.tracker.is_empty() {
             let _ = tokio::time::timeout(ABORT_GRACE, self.tracker.wait()).await;
@@ -211,6 +233,25 @@ impl NodeTask {
         self.publish_replica();
         self.publish_status();
         info!(node = self.shared.handshake.node.name, "stopped");
+    }
+
+    /// Answers the deregistrations whose delta every connected peer has been sent, those
+    /// past their deadline, and all of them once the node stops.
+    fn answer_pushed(&mut self) {
+        if self.awaiting_push.is_empty() {
+            return;
+        }
+        let through = self.node.pushed_through();
+        let now = Instant::now();
+        let stopping = self.stopping;
+        let (due, wait): (Vec<_>, Vec<_>) = self
+            .awaiting_push
+            .drain(..)
+            .partition(|a| stopping || a.head <= through || a.deadline <= now);
+        self.awaiting_push = wait;
+        for a in due {
+            let _ = a.reply.send(a.result);
+        }
     }
 
     /// When the state machine's next timer is due, as a tokio instant.
@@ -332,7 +373,14 @@ impl NodeTask {
                 };
                 self.flush();
                 self.publish_replica();
-                let _ = reply.send(r);
+                // Answered once the removal is on its way to every connected peer.
+                self.awaiting_push.push(AwaitingPush {
+                    head: self.node.buffer_head(),
+                    deadline: Instant::now() + PUSH_WAIT,
+                    result: r,
+                    reply,
+                });
+                self.answer_pushed();
             }
             Command::Inspect(Inspect(f)) => f(&self.node, now.wall_ms),
             Command::SyncNow(reply) => {

@@ -774,6 +774,25 @@ impl Node {
         self.synced || self.seeds.is_empty()
     }
 
+    /// The newest buffered delta (0 before any).
+    pub fn buffer_head(&self) -> u64 {
+        self.buffer.head()
+    }
+
+    /// How far every connected peer that takes pushes has been sent (or has acknowledged)
+    /// the buffered deltas: a local change at or below this has been handed to each of
+    /// their connections. Peers with no exchange yet on their connection (they catch up by
+    /// digest instead) are not waited for; with none, `u64::MAX`.
+    pub fn pushed_through(&self) -> u64 {
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        connected
+            .iter()
+            .filter_map(|p| self.peers.get(p))
+            .filter_map(|p| p.sent.max(p.acked))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     fn note_synced(&mut self, peer: ReplicaId) {
         if self.synced {
             return;
