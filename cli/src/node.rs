@@ -524,6 +524,9 @@ impl Node {
             return Ok(());
         };
         self.inner.handle.deregister(s, p).await?;
+        // Writes go on meanwhile: the wait for the push is outside the lock.
+        drop(owned);
+        self.inner.handle.pushed().await;
         Ok(())
     }
 

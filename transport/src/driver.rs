@@ -514,6 +514,17 @@ impl Handle {
         self.inner.status.borrow().connected.clone()
     }
 
+    /// Waits until every change this node has made so far was handed to the connection
+    /// of every connected peer that takes pushes (`proto::Node::pushed_through`): within a
+    /// push, a few milliseconds; at most a second, for a peer that catches up by digest
+    /// instead. Returns at once if the node has stopped.
+    pub async fn pushed(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.inner.commands.send(Command::Pushed(reply)).await.is_ok() {
+            let _ = answer.await;
+        }
+    }
+
     /// Whether the node has caught up with a peer once (or has no seeds): see
     /// `proto::Node::synced`.
     pub fn is_synced(&self) -> bool {

@@ -51,6 +51,8 @@ pub(super) enum Command {
         reply: oneshot::Sender<Result<bool, DriverError>>,
     },
     Inspect(Inspect),
+    /// Answered once what the node wrote so far was handed to every connected peer.
+    Pushed(oneshot::Sender<()>),
     SyncNow(oneshot::Sender<bool>),
     CrashGuard(bool),
 }
@@ -109,7 +111,7 @@ pub(super) struct NodeTask {
     events_due: Vec<Change>,
     /// One line per peer per minute about the messages it sent that were refused.
     refusals: QuietLog<ReplicaId>,
-    /// Deregistrations answered once their delta (at this buffer position) was handed to
+    /// Callers of `Handle::pushed`, answered once the buffer up to `head` was handed to
     /// every connected peer, or at the deadline (a peer that catches up otherwise).
     awaiting_push: Vec<AwaitingPush>,
 }
@@ -118,11 +120,10 @@ pub(super) struct NodeTask {
 struct AwaitingPush {
     head: u64,
     deadline: Instant,
-    result: Result<bool, DriverError>,
-    reply: oneshot::Sender<Result<bool, DriverError>>,
+    reply: oneshot::Sender<()>,
 }
 
-/// The longest a deregistration waits for its push before it is answered anyway.
+/// The longest `Handle::pushed` waits before it is answered anyway.
 const PUSH_WAIT: Duration = Duration::from_secs(1);
 
 /// How often the log may speak of refusals from the same peer.
@@ -235,8 +236,8 @@ impl NodeTask {
         info!(node = self.shared.handshake.node.name, "stopped");
     }
 
-    /// Answers the deregistrations whose delta every connected peer has been sent, those
-    /// past their deadline, and all of them once the node stops.
+    /// Answers the waits whose changes every connected peer has been sent, those past
+    /// their deadline, and all of them once the node stops.
     fn answer_pushed(&mut self) {
         if self.awaiting_push.is_empty() {
             return;
@@ -250,7 +251,7 @@ impl NodeTask {
             .partition(|a| stopping || a.head <= through || a.deadline <= now);
         self.awaiting_push = wait;
         for a in due {
-            let _ = a.reply.send(a.result);
+            let _ = a.reply.send(());
         }
     }
 
@@ -373,16 +374,17 @@ impl NodeTask {
                 };
                 self.flush();
                 self.publish_replica();
-                // Answered once the removal is on its way to every connected peer.
+                let _ = reply.send(r);
+            }
+            Command::Inspect(Inspect(f)) => f(&self.node, now.wall_ms),
+            Command::Pushed(reply) => {
                 self.awaiting_push.push(AwaitingPush {
                     head: self.node.buffer_head(),
                     deadline: Instant::now() + PUSH_WAIT,
-                    result: r,
                     reply,
                 });
                 self.answer_pushed();
             }
-            Command::Inspect(Inspect(f)) => f(&self.node, now.wall_ms),
             Command::SyncNow(reply) => {
                 let _ = reply.send(self.node.sync_now(now));
             }
