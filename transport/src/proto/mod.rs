@@ -28,19 +28,24 @@ use roster_registry::{
     InvalidInput, Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
 };
 
-use crate::backoff::{Backoff, BackoffPolicy, Failure};
+use crate::backoff::{Backoff, Failure};
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Envelope, Message, MessageError};
 
 /// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod bulk;
+mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
 mod liveness;
 mod pacing;
+mod resume_types;
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
+
+pub use config::Config;
+pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume, Resumed};
 
 pub use time::Now;
 use time::WallGuard;
@@ -133,106 +138,6 @@ pub enum Output {
     },
     /// What a read shows changed.
     Event(Change),
-}
-
-/// The protocol's knobs. Durations in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
-    /// Peers each push and gossip round goes to.
-    pub fanout: usize,
-    /// The gossip tick (jittered ±25%).
-    pub gossip_interval_ms: u64,
-    /// The digest exchange (jittered ±25%).
-    pub digest_interval_ms: u64,
-    /// The least time between two pushes: the first new delta after a quiet spell goes at
-    /// once (after the input that made it), later ones wait to be batched into one push.
-    pub push_delay_ms: u64,
-    /// The most pushes a second, on average (see `pacing`): writes that come faster travel
-    /// together, joined into one delta per push, so a peer's frame limit is never reached
-    /// by a burst of writes.
-    pub push_rate: u32,
-    /// Pushes that may go at once, after a quiet spell, above `push_rate`.
-    pub push_burst: u32,
-    /// How long an acknowledgement waits for the next deltas from the same connection, so
-    /// one acknowledges them all.
-    pub ack_delay_ms: u64,
-    /// The most outbound connections.
-    pub max_outbound: usize,
-    /// The most inbound connections.
-    pub max_inbound: usize,
-    /// How often one outbound connection is swapped for another (jittered ±25%); 0 never.
-    pub rotate_interval_ms: u64,
-    /// Deltas kept for retransmission.
-    pub buffer_capacity: usize,
-    /// The shortest lease of this node (its membership and everything it owns live by it).
-    pub member_lease_ttl_ms: u64,
-    /// The lease grows with the cluster, to this much per member (rounded up to a power of
-    /// two members, at most 24 h), so renewals, which reach every node, cost each node the
-    /// same at any size. 0: the lease is `member_lease_ttl_ms` whatever the size.
-    pub lease_per_member_ms: u64,
-    /// How long a peer whose connection closed without a goodbye may take to come back
-    /// (a restart) before it is probed and written dead.
-    pub suspect_after_ms: u64,
-    /// How long the peers asked about a suspect have to answer.
-    pub probe_timeout_ms: u64,
-    /// Grace past a lease's end before a node collects it (at least the allowed skew).
-    pub expire_grace_ms: u64,
-    /// No collection of expired leases until this long after start: a node that was down
-    /// must first hear the renewals it missed (no mass expiry after a restart).
-    pub expire_holdoff_ms: u64,
-    /// The most a peer's clock, and any time in what it sends, may run ahead of ours.
-    pub max_skew_ms: u64,
-    /// How far above the greatest counter seen from a node a dot of that node may lie
-    /// (see [`Bounds`]).
-    pub max_counter_jump: u64,
-    /// How long a full state sent to a peer waits for its acknowledgement before another
-    /// may follow.
-    pub full_sync_pause_ms: u64,
-    /// How long deltas sent to a peer wait for its acknowledgement before a gossip round
-    /// sends them again; doubled at each resend without progress, to at most 32 times
-    /// this (64 s at the default). A peer still joining what it was sent is not sent it
-    /// again every round (see `sync`).
-    pub resend_after_ms: u64,
-    /// How often one peer that stopped being a member is dialed again (jittered ±25%).
-    pub reconnect_interval_ms: u64,
-    /// How long such a peer is remembered.
-    pub forget_lost_after_ms: u64,
-    /// Whether to dial at all (`false`: accept connections only).
-    pub dial: bool,
-    /// The retry policy for dials.
-    pub backoff: BackoffPolicy,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            fanout: 2,
-            gossip_interval_ms: 1_000,
-            digest_interval_ms: 30_000,
-            push_delay_ms: 2,
-            push_rate: 200,
-            push_burst: 20,
-            ack_delay_ms: 20,
-            max_outbound: 2,
-            max_inbound: 64,
-            rotate_interval_ms: 300_000,
-            buffer_capacity: 1_024,
-            member_lease_ttl_ms: 60_000,
-            lease_per_member_ms: 24_000,
-            suspect_after_ms: 3_000,
-            probe_timeout_ms: 1_000,
-            expire_grace_ms: 5_000,
-            expire_holdoff_ms: 90_000,
-            max_skew_ms: 5_000,
-            max_counter_jump: Bounds::DEFAULT_MAX_COUNTER_JUMP,
-            full_sync_pause_ms: 5_000,
-            resend_after_ms: 2_000,
-            reconnect_interval_ms: 30_000,
-            forget_lost_after_ms: 24 * 60 * 60 * 1000,
-            dial: true,
-            backoff: BackoffPolicy::default(),
-        }
-    }
 }
 
 /// Why a message from a peer was refused. The driver closes the connection with this
@@ -361,98 +266,6 @@ struct Peer {
     adopted: bool,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
-}
-
-/// A registration a node owned before it stopped, to write again when it resumes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedRegistration {
-    /// The service.
-    pub service: ServiceName,
-    /// The provider (instance).
-    pub provider: ProviderId,
-    /// Where it listens.
-    pub endpoint: Endpoint,
-    /// Its metadata.
-    pub meta: Metadata,
-}
-
-/// What a node resuming from disk must write again and may have written before it
-/// stopped (see [`Node::resume`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Resume {
-    /// The registrations it owns.
-    pub owned: Vec<OwnedRegistration>,
-    /// Keys it owned lately and removed: a removal lost in a crash is redone.
-    pub removed: Vec<RegKey>,
-    /// Whether `owned` is the whole truth: registrations in the replica written by this
-    /// node and not in `owned` are removed (a removal lost in a crash). `false` for a
-    /// replica built by hand.
-    pub drop_unowned: bool,
-    /// What the previous process knew of its peers: backoffs, URLs, last full syncs.
-    pub peers: Vec<PeerMemory>,
-    /// The backoff of each seed URL.
-    pub seeds: Vec<(String, Backoff)>,
-    /// Start under the crash-loop guard (see [`Node::set_crash_guard`]).
-    pub crash_guard: bool,
-    /// [`Memory::leases_shipped`] of the process before.
-    pub leases_shipped: Option<(u64, u64)>,
-}
-
-/// What a node saves for the process after it: its peers, its seeds, and how long its
-/// peers hold its leases.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Memory {
-    /// What it knew of each peer.
-    pub peers: Vec<PeerMemory>,
-    /// The backoff of each seed URL.
-    pub seeds: Vec<(String, Backoff)>,
-    /// The earliest end (wall ms) and the TTL of the leases it owns, as last shipped to a
-    /// connected peer: until then its registrations are alive at its peers.
-    pub leases_shipped: Option<(u64, u64)>,
-}
-
-/// What a node remembers of a peer across restarts, so a new process does not dial it
-/// sooner, or send it a full state sooner, than the old one would have.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PeerMemory {
-    /// The peer.
-    pub id: ReplicaId,
-    /// Its URL, if known.
-    pub url: Option<String>,
-    /// Its name, if known.
-    pub name: Option<String>,
-    /// Its dial backoff.
-    pub backoff: Backoff,
-    /// When a full state was last sent to it (wall ms).
-    pub full_sent_at: Option<u64>,
-}
-
-/// What [`Node::resume`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Resumed {
-    /// Own registrations written again.
-    pub rewritten: usize,
-    /// Own registrations that could not be written again (a limit changed); skipped.
-    pub refused: usize,
-    /// Registrations written by this node that it no longer owns, removed.
-    pub removed: usize,
-    /// Counters under the floor claimed (see `Replica::close_gap`).
-    pub gap: u64,
-}
-
-/// A node this node knows of, for `roster members`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KnownPeer {
-    /// Its id.
-    pub id: ReplicaId,
-    /// Its last known URL.
-    pub url: Option<String>,
-    /// Its last known name.
-    pub name: Option<String>,
-    /// When it was last a live member or connected (wall ms).
-    pub last_seen_ms: u64,
-    /// Whether a connection to it is open.
-    pub connected: bool,
 }
 
 /// One registration this node owns and keeps alive.

@@ -1,0 +1,105 @@
+//! The protocol's knobs and their defaults.
+
+use roster_registry::Bounds;
+
+use crate::backoff::BackoffPolicy;
+
+/// The protocol's knobs. Durations in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Peers each push and gossip round goes to.
+    pub fanout: usize,
+    /// The gossip tick (jittered ±25%).
+    pub gossip_interval_ms: u64,
+    /// The digest exchange (jittered ±25%).
+    pub digest_interval_ms: u64,
+    /// The least time between two pushes: the first new delta after a quiet spell goes at
+    /// once (after the input that made it), later ones wait to be batched into one push.
+    pub push_delay_ms: u64,
+    /// The most pushes a second, on average (see `pacing`): writes that come faster travel
+    /// together, joined into one delta per push, so a peer's frame limit is never reached
+    /// by a burst of writes.
+    pub push_rate: u32,
+    /// Pushes that may go at once, after a quiet spell, above `push_rate`.
+    pub push_burst: u32,
+    /// How long an acknowledgement waits for the next deltas from the same connection, so
+    /// one acknowledges them all.
+    pub ack_delay_ms: u64,
+    /// The most outbound connections.
+    pub max_outbound: usize,
+    /// The most inbound connections.
+    pub max_inbound: usize,
+    /// How often one outbound connection is swapped for another (jittered ±25%); 0 never.
+    pub rotate_interval_ms: u64,
+    /// Deltas kept for retransmission.
+    pub buffer_capacity: usize,
+    /// The shortest lease of this node (its membership and everything it owns live by it).
+    pub member_lease_ttl_ms: u64,
+    /// The lease grows with the cluster, to this much per member (rounded up to a power of
+    /// two members, at most 24 h), so renewals, which reach every node, cost each node the
+    /// same at any size. 0: the lease is `member_lease_ttl_ms` whatever the size.
+    pub lease_per_member_ms: u64,
+    /// How long a peer whose connection closed without a goodbye may take to come back
+    /// (a restart) before it is probed and written dead.
+    pub suspect_after_ms: u64,
+    /// How long the peers asked about a suspect have to answer.
+    pub probe_timeout_ms: u64,
+    /// Grace past a lease's end before a node collects it (at least the allowed skew).
+    pub expire_grace_ms: u64,
+    /// No collection of expired leases until this long after start: a node that was down
+    /// must first hear the renewals it missed (no mass expiry after a restart).
+    pub expire_holdoff_ms: u64,
+    /// The most a peer's clock, and any time in what it sends, may run ahead of ours.
+    pub max_skew_ms: u64,
+    /// How far above the greatest counter seen from a node a dot of that node may lie
+    /// (see [`Bounds`]).
+    pub max_counter_jump: u64,
+    /// How long a full state sent to a peer waits for its acknowledgement before another
+    /// may follow.
+    pub full_sync_pause_ms: u64,
+    /// How long deltas sent to a peer wait for its acknowledgement before a gossip round
+    /// sends them again; doubled at each resend without progress, to at most 32 times
+    /// this (64 s at the default). A peer still joining what it was sent is not sent it
+    /// again every round (see `sync`).
+    pub resend_after_ms: u64,
+    /// How often one peer that stopped being a member is dialed again (jittered ±25%).
+    pub reconnect_interval_ms: u64,
+    /// How long such a peer is remembered.
+    pub forget_lost_after_ms: u64,
+    /// Whether to dial at all (`false`: accept connections only).
+    pub dial: bool,
+    /// The retry policy for dials.
+    pub backoff: BackoffPolicy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            fanout: 2,
+            gossip_interval_ms: 1_000,
+            digest_interval_ms: 30_000,
+            push_delay_ms: 2,
+            push_rate: 200,
+            push_burst: 20,
+            ack_delay_ms: 20,
+            max_outbound: 2,
+            max_inbound: 64,
+            rotate_interval_ms: 300_000,
+            buffer_capacity: 1_024,
+            member_lease_ttl_ms: 60_000,
+            lease_per_member_ms: 24_000,
+            suspect_after_ms: 3_000,
+            probe_timeout_ms: 1_000,
+            expire_grace_ms: 5_000,
+            expire_holdoff_ms: 90_000,
+            max_skew_ms: 5_000,
+            max_counter_jump: Bounds::DEFAULT_MAX_COUNTER_JUMP,
+            full_sync_pause_ms: 5_000,
+            resend_after_ms: 2_000,
+            reconnect_interval_ms: 30_000,
+            forget_lost_after_ms: 24 * 60 * 60 * 1000,
+            dial: true,
+            backoff: BackoffPolicy::default(),
+        }
+    }
+}
