@@ -138,7 +138,7 @@ pub struct DriverConfig {
     /// TLS: when set, the node serves `wss://` only and can dial `wss://` peers.
     pub tls: Option<TlsConfig>,
     /// What a node resuming from disk writes again before it talks to a peer
-    /// ([`Node::resume`]).
+    /// ([`Node::finish_resume`]).
     pub resume: proto::Resume,
     /// Where connections of clients ([`CLIENT_SUBPROTOCOL`]) go after the upgrade; `None`
     /// refuses them. They count under the inbound cap.

@@ -118,7 +118,7 @@ impl Default for NodeBuilder {
 impl NodeBuilder {
     /// The address to listen on for peers (and clients). Default `127.0.0.1:0`: a free
     /// loopback port ([`Node::url`] says which), so an embedded node never takes the port
-    /// of an agent on the same host ([`DEFAULT_LISTEN`]).
+    /// of an agent on the same host ([`crate::DEFAULT_LISTEN`]).
     #[must_use]
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();
