@@ -834,32 +834,6 @@ impl Store {
         Ok(())
     }
 
-    /// Saves an own registration (durable when this returns), and reserves counters
-    /// ahead of `counter` if needed.
-    ///
-    /// # Errors
-    /// [`StoreError::Io`].
-    pub fn put_owned(&self, rec: &OwnedRecord, counter: u64) -> Result<(), StoreError> {
-        let bytes = postcard::to_stdvec(rec).map_err(|e| self.io(e))?;
-        let k = rec.key();
-        self.with_db(|db| {
-            let tx = db.begin_write().map_err(|e| self.io(e))?;
-            {
-                let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
-                owned
-                    .insert(k.as_str(), bytes.as_slice())
-                    .map_err(|e| self.io(e))?;
-                let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
-                removed.remove(k.as_str()).map_err(|e| self.io(e))?;
-                let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-                self.raise_floor(&mut meta, |reserved| {
-                    (counter + COUNTER_RESERVE / 2 > reserved).then_some(counter + COUNTER_RESERVE)
-                })?;
-            }
-            tx.commit().map_err(|e| self.io(e))
-        })
-    }
-
     /// Forgets an own registration (durable when this returns) and remembers its key as
     /// removed at `now_ms`. Returns whether it was saved.
     ///
@@ -1180,13 +1154,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let faults = disk::Faults::default();
         let (store, _) = Store::open_with(dir.path(), ReplicaId(3), 1_000, faults.clone()).unwrap();
-        store.put_owned(&rec("a"), 0).unwrap();
+        store.write_owned(&[rec("a")], &[], None).unwrap();
         assert_eq!(store.health(), None);
 
         faults
             .fail_writes
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let e = store.put_owned(&rec("b"), 0).unwrap_err();
+        let e = store.write_owned(&[rec("b")], &[], None).unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, StoreError::Unwritable { .. }), "{msg}");
         assert!(
@@ -1209,7 +1183,7 @@ mod tests {
             .fail_writes
             .store(false, std::sync::atomic::Ordering::SeqCst);
         eventually("the store reopens", || store.reopen_if_due() == Some(true));
-        store.put_owned(&rec("c"), 0).unwrap();
+        store.write_owned(&[rec("c")], &[], None).unwrap();
         assert_eq!(store.health(), None);
         drop(store);
 

@@ -183,10 +183,11 @@ impl Node {
                 Ok(()) => return admitted,
                 Err(DriverError::InvalidItem { index, source }) => {
                     // `index` counts the registrations sent, one per key.
-                    let Some(key) = last.keys().nth(index).cloned() else {
-                        break;
-                    };
-                    let (refused, kept) = admitted.into_iter().partition(|a| a.rec.key() == key);
+                    // An index past the group (never sent) refuses all of it.
+                    let key = last.keys().nth(index).cloned();
+                    let (refused, kept) = admitted
+                        .into_iter()
+                        .partition(|a| key.as_ref().is_none_or(|k| a.rec.key() == *k));
                     admitted = kept;
                     for a in refused {
                         let _ = a.reply.send(Err(Error::Invalid(source.to_string())));

@@ -105,7 +105,7 @@ fn a_format_1_store_whose_replica_is_damaged_is_reset_keeping_its_own_registrati
     write_format_1(dir.path(), ReplicaId(4), &Replica::new(ReplicaId(4)));
     {
         let (store, _) = Store::open(dir.path(), ReplicaId(4), 1_000).unwrap();
-        store.put_owned(&rec("w1"), 0).unwrap();
+        store.write_owned(&[rec("w1")], &[], None).unwrap();
     }
     // Back to format 1 with a damaged replica, as an older roster may have left it.
     let db = Database::open(dir.path().join(STORE_FILE)).unwrap();
