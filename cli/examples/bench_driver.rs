@@ -56,6 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             meta: vec![("seq".into(), seq.into())],
             instance: Some(instance.into()),
             ttl_ms: None,
+            checks: vec![],
         };
         if client.1.elapsed() > if client.2 { IDLE } else { UNUSED } {
             client = (Client::connect(&url, None).await?, Instant::now(), false);

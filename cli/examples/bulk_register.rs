@@ -29,6 +29,7 @@ fn item(i: usize) -> RegisterItem {
         meta: vec![("zone".into(), "a".into())],
         instance: Some(format!("i{i}")),
         ttl_ms: None,
+        checks: vec![],
     }
 }
 

@@ -86,6 +86,10 @@ pub struct AgentArgs {
     /// registrations within its lease, so a restart shows them no change).
     #[arg(long)]
     leave_on_terminate: bool,
+    /// Run the exec health checks of registrations (`roster register --check-exec`): they
+    /// run commands as this agent's user, so they are off unless asked.
+    #[arg(long)]
+    enable_exec_checks: bool,
 }
 
 /// `--crash-guard`: `N/DUR` or `off`.
@@ -124,6 +128,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_ca: Option<PathBuf>,
     leave_on_terminate: Option<bool>,
+    enable_exec_checks: Option<bool>,
 }
 
 /// The largest config file read.
@@ -371,7 +376,8 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         .listen(listen)
         .join(join.iter().cloned())
         .data_dir(&data_dir)
-        .serve_clients(true);
+        .serve_clients(true)
+        .enable_exec_checks(args.enable_exec_checks || file.enable_exec_checks.unwrap_or(false));
     if let Some(a) = advertise {
         b = b.advertise(a);
     }

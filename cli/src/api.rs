@@ -19,8 +19,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::check::Check;
+
 /// The version byte every client-protocol message starts with.
-pub const CLIENT_PROTOCOL_VERSION: u8 = 2;
+pub const CLIENT_PROTOCOL_VERSION: u8 = 3;
 /// The nonce length of the client authentication.
 pub const NONCE_LEN: usize = 32;
 /// The label of the client's proof.
@@ -78,6 +80,8 @@ pub enum Request {
         instance: Option<String>,
         /// End it after this long without another `Register`; `None`: never.
         ttl_ms: Option<u64>,
+        /// Its health checks, run by the agent.
+        checks: Vec<Check>,
     },
     /// Remove an instance the agent owns.
     Deregister {
@@ -88,15 +92,19 @@ pub enum Request {
     },
     /// Services and their live instance counts.
     Services,
-    /// The live instances of a service.
+    /// The served (passing or warning) instances of a service.
     Instances {
         /// The service.
         service: String,
+        /// Every live instance, whatever its status.
+        all: bool,
     },
-    /// The live instances of a service, then changes as they happen.
+    /// The served instances of a service, then changes as they happen.
     Watch {
         /// The service.
         service: String,
+        /// Every live instance, whatever its status.
+        all: bool,
     },
     /// The nodes of the cluster.
     Members,
@@ -132,15 +140,33 @@ pub enum Request {
         service: String,
         /// The instances the client shows, each with the [`fingerprint`] of what it shows.
         known: Vec<(String, u64)>,
+        /// Every live instance, whatever its status.
+        all: bool,
+    },
+    /// A TTL check's pass: the instance is alive (`roster pass`). Moves a deadline on the
+    /// agent only: no write, no event, unless the instance was critical.
+    Pass {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// Takes instances of this agent out of reads without deregistering them, or puts
+    /// them back (`roster maint`).
+    Maintenance {
+        /// One instance (service, instance id); `None`: every instance the agent owns.
+        instance: Option<(String, String)>,
+        /// Why, shown with the instance; `None`: put them back in service.
+        reason: Option<String>,
     },
 }
 
 /// What a watcher shows of an instance, in 8 bytes: the first 8 bytes of SHA-256 over
-/// its address and metadata, postcard-encoded. Stable across versions and platforms, so
-/// a client and an agent compute the same.
-pub fn fingerprint(address: &str, meta: &[(String, String)]) -> u64 {
+/// its address, metadata, status and note, postcard-encoded. Stable across versions and
+/// platforms, so a client and an agent compute the same.
+pub fn fingerprint(i: &InstanceView) -> u64 {
     use sha2::Digest;
-    let bytes = postcard::to_stdvec(&(address, meta)).unwrap_or_default();
+    let bytes = postcard::to_stdvec(&(&i.address, &i.meta, &i.status, &i.note)).unwrap_or_default();
     let digest = sha2::Sha256::digest(&bytes);
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
@@ -160,6 +186,8 @@ pub struct RegisterItem {
     pub instance: Option<String>,
     /// End it after this long without another registration; `None`: never.
     pub ttl_ms: Option<u64>,
+    /// Its health checks.
+    pub checks: Vec<Check>,
 }
 
 /// One item of a batch, asked alone.
@@ -171,6 +199,7 @@ impl From<RegisterItem> for Request {
             meta: i.meta,
             instance: i.instance,
             ttl_ms: i.ttl_ms,
+            checks: i.checks,
         }
     }
 }
@@ -186,9 +215,13 @@ pub struct InstanceView {
     pub address: String,
     /// Metadata.
     pub meta: Vec<(String, String)>,
+    /// `passing`, `warning`, `critical` or `maintenance`.
+    pub status: String,
+    /// Why (a check's output, a maintenance reason); empty when there is nothing to say.
+    pub note: String,
     /// The node that wrote it (16 hex digits).
     pub node: String,
-    /// When it was registered or last updated (wall ms).
+    /// When it was first registered (wall ms), kept across updates and restarts.
     pub registered_at_ms: u64,
     /// When its lease ends unless renewed (wall ms).
     pub lease_expires_at_ms: u64,
@@ -199,6 +232,8 @@ pub struct InstanceView {
 pub enum EventView {
     /// The instance is up (new, or updated).
     Up(InstanceView),
+    /// Only the instance's status (or note) changed.
+    Status(InstanceView),
     /// The instance is down (deregistered, or its lease ended).
     Down {
         /// The service.
@@ -425,6 +460,13 @@ pub enum ServerMessage {
     },
     /// The agent is leaving the cluster and stopping (the answer to [`Request::Leave`]).
     Left,
+    /// A pass was taken.
+    Passed,
+    /// Maintenance set or cleared: the instances whose status changed, as `service/id`.
+    Maintenance {
+        /// The instances.
+        changed: Vec<String>,
+    },
 }
 
 impl ServerMessage {
@@ -445,6 +487,8 @@ impl ServerMessage {
             Self::Synced { .. } => "synced",
             Self::RegisteredMany { .. } => "registered many",
             Self::Left => "left",
+            Self::Passed => "passed",
+            Self::Maintenance { .. } => "maintenance",
         }
     }
 }

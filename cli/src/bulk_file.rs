@@ -129,6 +129,7 @@ fn check(raw: &str) -> Result<RegisterItem, String> {
         meta,
         instance: line.id,
         ttl_ms,
+        checks: Vec::new(),
     })
 }
 

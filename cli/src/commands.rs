@@ -85,15 +85,13 @@ pub(crate) fn check_service(s: &str) -> Result<(), Fail> {
 
 pub async fn register(
     c: &ClientArgs,
-    service: String,
-    address: String,
+    item: RegisterItem,
     meta: Vec<String>,
-    id: Option<String>,
     ttl: Option<Duration>,
 ) -> Result<(), Fail> {
     // Checked here too, so bad input never reaches the agent.
-    check_service(&service)?;
-    Endpoint::parse(&address).map_err(|e| Fail::usage(e.to_string()))?;
+    check_service(&item.service)?;
+    Endpoint::parse(&item.address).map_err(|e| Fail::usage(e.to_string()))?;
     let mut pairs = Vec::new();
     for m in &meta {
         let Some((k, v)) = m.split_once('=') else {
@@ -102,24 +100,20 @@ pub async fn register(
         pairs.push((k.to_string(), v.to_string()));
     }
     metadata_from_pairs(&pairs).map_err(|e| Fail::usage(e.to_string()))?;
-    if let Some(i) = &id {
+    if let Some(i) = &item.instance {
         ProviderId::new(i).map_err(|e| Fail::usage(e.to_string()))?;
     }
     if let Some(t) = ttl {
         roster::check_ttl(t).map_err(Fail::usage)?;
     }
     let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-    let answer = ask(
-        c,
-        Request::Register {
-            service: service.clone(),
-            address,
-            meta: pairs,
-            instance: id,
-            ttl_ms,
-        },
-    )
-    .await?;
+    let service = item.service.clone();
+    let item = RegisterItem {
+        meta: pairs,
+        ttl_ms,
+        ..item
+    };
+    let answer = ask(c, Request::from(item)).await?;
     match answer {
         ServerMessage::Registered { instance } => {
             if c.json {
@@ -229,20 +223,26 @@ pub async fn ls(c: &ClientArgs) -> Result<(), Fail> {
     }
 }
 
-pub async fn get(c: &ClientArgs, service: String) -> Result<(), Fail> {
+pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail> {
     check_service(&service)?;
     match ask(
         c,
         Request::Instances {
             service: service.clone(),
+            all,
         },
     )
     .await?
     {
         ServerMessage::Instances(list) => {
-            if list.is_empty() {
+            if list.is_empty() && all {
                 return Err(Fail::failed(format!(
                     "no live instances of {service}; `roster ls` lists the services that have some"
+                )));
+            }
+            if list.is_empty() {
+                return Err(Fail::failed(format!(
+                    "no served instances of {service}; `roster get {service} --all` shows those critical or in maintenance"
                 )));
             }
             if c.json {
@@ -254,13 +254,66 @@ pub async fn get(c: &ClientArgs, service: String) -> Result<(), Fail> {
                         vec![
                             i.instance.clone(),
                             i.address.clone(),
+                            i.status.clone(),
                             i.node.clone(),
                             output::rfc3339(i.registered_at_ms),
                             output::meta_line(&i.meta),
+                            i.note.clone(),
                         ]
                     })
                     .collect();
-                output::table(&["INSTANCE", "ADDRESS", "NODE", "REGISTERED", "META"], rows);
+                output::table(
+                    &[
+                        "INSTANCE",
+                        "ADDRESS",
+                        "STATUS",
+                        "NODE",
+                        "REGISTERED",
+                        "META",
+                        "NOTE",
+                    ],
+                    rows,
+                );
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+/// `roster pass`: a TTL check's heartbeat.
+pub async fn pass(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    match ask(c, Request::Pass { service, instance }).await? {
+        ServerMessage::Passed => Ok(()),
+        other => Err(refused(other)),
+    }
+}
+
+/// `roster maint enable|disable [SERVICE INSTANCE]`.
+pub async fn maint(
+    c: &ClientArgs,
+    enable: bool,
+    instance: Option<(String, String)>,
+    reason: Option<String>,
+) -> Result<(), Fail> {
+    if let Some((s, i)) = &instance {
+        check_service(s)?;
+        ProviderId::new(i).map_err(|e| Fail::usage(e.to_string()))?;
+    }
+    if !enable && reason.is_some() {
+        return Err(Fail::usage("--reason goes with `maint enable`"));
+    }
+    let reason = enable.then(|| reason.unwrap_or_else(|| "maintenance".to_string()));
+    match ask(c, Request::Maintenance { instance, reason }).await? {
+        ServerMessage::Maintenance { changed } => {
+            if c.json {
+                output::json(&serde_json::json!({ "changed": changed }));
+            } else {
+                for k in &changed {
+                    output::text_line(k);
+                }
             }
             Ok(())
         }

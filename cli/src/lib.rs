@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod check;
 pub mod client;
 mod node;
 mod server;

@@ -5,6 +5,7 @@
 
 mod agent;
 mod bulk_file;
+mod check_args;
 mod commands;
 mod output;
 mod watch;
@@ -90,6 +91,8 @@ enum Command {
         /// Deregister it when this long passes without another `register` (e.g. 30s, 5m).
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         ttl: Option<Duration>,
+        #[command(flatten)]
+        checks: check_args::CheckArgs,
     },
     /// Deregister an instance the agent owns.
     Deregister {
@@ -105,12 +108,16 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Show the live instances of a service (exit 1 when there is none).
+    /// Show the served (passing or warning) instances of a service (exit 1 when there is
+    /// none).
     Get {
         #[command(flatten)]
         client: ClientArgs,
         /// The service name.
         service: String,
+        /// Show every live instance, critical and in maintenance too.
+        #[arg(long)]
+        all: bool,
     },
     /// Show a service's instances, then its changes as they arrive, until interrupted.
     Watch {
@@ -122,6 +129,37 @@ enum Command {
         /// from what was printed.
         #[arg(long)]
         once: bool,
+        /// Follow every live instance, critical and in maintenance too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Tell the agent an instance with a TTL check (--check-ttl) is alive. Cheap: it moves
+    /// a deadline on the agent, and writes nothing unless the instance was critical.
+    Pass {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The service name.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
+    /// Take instances of this agent out of reads without deregistering them (a drain before
+    /// a deploy), or put them back. Kept across agent restarts.
+    Maint {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// enable (out of service) or disable (back in service).
+        #[arg(value_parser = ["enable", "disable"])]
+        action: String,
+        /// The service name (with INSTANCE; neither: every instance this agent owns).
+        #[arg(requires = "instance")]
+        service: Option<String>,
+        /// The instance id.
+        #[arg(requires = "service")]
+        instance: Option<String>,
+        /// Why, shown beside the instance (with enable).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
     /// List the nodes of the cluster.
     Members {
@@ -216,10 +254,20 @@ fn main() -> ExitCode {
                 meta,
                 id,
                 ttl,
+                checks,
             } => match (from_file, service, address) {
                 (Some(path), _, _) => commands::register_from_file(&client, &path).await,
                 (None, Some(service), Some(address)) => {
-                    commands::register(&client, service, address, meta, id, ttl).await
+                    let checks = checks.checks().map_err(Fail::usage)?;
+                    let item = roster::api::RegisterItem {
+                        service,
+                        address,
+                        meta: Vec::new(),
+                        instance: id,
+                        ttl_ms: None,
+                        checks,
+                    };
+                    commands::register(&client, item, meta, ttl).await
                 }
                 _ => Err(Fail::usage("give SERVICE and ADDRESS, or --from-file FILE")),
             },
@@ -229,12 +277,25 @@ fn main() -> ExitCode {
                 instance,
             } => commands::deregister(&client, service, instance).await,
             Command::Ls { client } => commands::ls(&client).await,
-            Command::Get { client, service } => commands::get(&client, service).await,
+            Command::Get { client, service, all } => commands::get(&client, service, all).await,
             Command::Watch {
                 client,
                 service,
                 once,
-            } => watch::watch(&client, service, once).await,
+                all,
+            } => watch::watch(&client, service, once, all).await,
+            Command::Pass {
+                client,
+                service,
+                instance,
+            } => commands::pass(&client, service, instance).await,
+            Command::Maint {
+                client,
+                action,
+                service,
+                instance,
+                reason,
+            } => commands::maint(&client, action == "enable", service.zip(instance), reason).await,
             Command::Members { client } => commands::members(&client).await,
             Command::Status { client } => commands::status(&client).await,
             Command::Explain {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use roster_registry::{ProviderId, ServiceName};
+use roster_registry::{Health, ProviderId, ServiceName, Status};
 use roster_transport::driver::{DriverError, Handle, StartError};
 use roster_transport::handshake::Secret;
 use roster_transport::proto::MEMBERS_SERVICE;
@@ -15,17 +15,22 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
+use crate::check::Check;
 use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
 
 mod builder;
 mod bulk;
 #[cfg(test)]
 mod bulk_tests;
+mod checks;
 #[cfg(test)]
 mod disk_tests;
 mod group;
 #[cfg(test)]
 mod group_tests;
+mod health;
+#[cfg(test)]
+mod health_tests;
 
 /// A node for the tests beside this file: on a free loopback port, over `dir`, without
 /// the crash-loop guard.
@@ -175,6 +180,7 @@ pub struct Service {
     meta: Vec<(String, String)>,
     id: Option<String>,
     ttl: Option<Duration>,
+    checks: Vec<Check>,
 }
 
 impl Service {
@@ -186,7 +192,17 @@ impl Service {
             meta: Vec::new(),
             id: None,
             ttl: None,
+            checks: Vec::new(),
         }
+    }
+
+    /// Adds a health check, run by this node while it owns the registration (at most
+    /// [`crate::check::MAX_CHECKS`]). An instance with checks starts critical (not served)
+    /// until its first probe passes; its status is the worst of its checks'.
+    #[must_use]
+    pub fn check(mut self, check: Check) -> Self {
+        self.checks.push(check);
+        self
     }
 
     /// Adds a metadata pair. A key given twice is refused when registering.
@@ -224,9 +240,13 @@ pub struct Instance {
     pub address: String,
     /// Its metadata.
     pub meta: BTreeMap<String, String>,
+    /// How it is doing: [`Node::lookup`] returns passing and warning instances only.
+    pub status: Health,
+    /// Why (a check's output, a maintenance reason); empty when there is nothing to say.
+    pub note: String,
     /// The node that registered it (16 hex digits).
     pub node: String,
-    /// When it was registered or last updated.
+    /// When it was first registered (kept across updates and its node's restarts).
     pub registered_at: SystemTime,
     /// When its lease ends unless renewed.
     pub lease_expires_at: SystemTime,
@@ -243,10 +263,24 @@ impl Instance {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            status: i.status.health,
+            note: i.status.note.clone(),
             node: i.node.to_string(),
-            registered_at: at(i.written.millis()),
+            registered_at: at(i.since_ms),
             lease_expires_at: at(i.lease_deadline_ms),
         }
+    }
+
+    /// Whether a read returns it unless asked for every instance.
+    pub fn is_served(&self) -> bool {
+        self.status.is_served()
+    }
+
+    /// Whether `other` shows the same to a reader: address, metadata and status (not the
+    /// lease, which moves with every renewal of its node).
+    pub(crate) fn shows_as(&self, other: &Instance) -> bool {
+        (&self.address, &self.meta, self.status, &self.note)
+            == (&other.address, &other.meta, other.status, &other.note)
     }
 
     pub(crate) fn view(&self) -> InstanceView {
@@ -255,6 +289,8 @@ impl Instance {
             instance: self.id.clone(),
             address: self.address.clone(),
             meta: self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            status: self.status.as_str().to_string(),
+            note: self.note.clone(),
             node: self.node.clone(),
             registered_at_ms: ms(self.registered_at),
             lease_expires_at_ms: ms(self.lease_expires_at),
@@ -265,9 +301,12 @@ impl Instance {
 /// A change a watch sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// The instance is up: new, or updated.
+    /// The instance is up: new to the watch, or its address or metadata changed.
     Up(Instance),
-    /// The instance is down: deregistered, or its lease ended.
+    /// Only the instance's status (or its note) changed, and it is still shown.
+    Status(Instance),
+    /// The instance is down: deregistered, its lease ended, or no longer served (critical
+    /// or in maintenance, for a watch of served instances).
     Down {
         /// The service.
         service: String,
@@ -342,6 +381,10 @@ pub(crate) struct Inner {
     queue: std::sync::Mutex<group::Queue>,
     pub(crate) secret: Option<Secret>,
     pub(crate) client_auth_always: bool,
+    /// Whether exec health checks run here.
+    exec_checks: bool,
+    /// The checks running, by instance key.
+    checks: checks::Checks,
     /// The last manual sync, for a node without a data directory.
     last_sync: std::sync::Mutex<Option<u64>>,
     /// Own keys whose `ttl` passed and that are out of the cluster, but still on disk
@@ -413,6 +456,21 @@ impl Node {
             check_ttl(t).map_err(Error::Invalid)?;
         }
         roster_registry::metadata_from_pairs(&s.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+        if s.checks.len() > crate::check::MAX_CHECKS {
+            return Err(Error::Invalid(format!(
+                "{} checks, more than the {} one registration may have",
+                s.checks.len(),
+                crate::check::MAX_CHECKS
+            )));
+        }
+        for c in &s.checks {
+            c.validate(self.inner.exec_checks).map_err(Error::Invalid)?;
+        }
+        let status = if s.checks.is_empty() {
+            Status::passing()
+        } else {
+            Status::new(Health::Critical, "waiting for its first check")
+        };
         let ttl = s.ttl.map(millis);
         let now = now_ms();
         let rec = OwnedRecord {
@@ -423,6 +481,9 @@ impl Node {
             lease_ttl_ms: self.inner.lease_ttl_ms,
             registered_at_ms: now,
             expires_at_ms: ttl.map(|t| now.saturating_add(t)),
+            status,
+            maintenance: None,
+            checks: s.checks.clone(),
         };
         if rec.service == MEMBERS_SERVICE {
             return Err(Error::Invalid(format!(
@@ -520,6 +581,7 @@ impl Node {
                 .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
         }
         owned.remove(&key);
+        self.stop_checks(&key);
         let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
             return Ok(());
         };
@@ -530,8 +592,16 @@ impl Node {
         Ok(())
     }
 
-    /// The live instances of `service`, from the local replica (no network), sorted by id.
+    /// The live instances of `service` that are served (passing or warning), from the
+    /// local replica (no network), sorted by id.
     pub fn lookup(&self, service: &str) -> Vec<Instance> {
+        let mut all = self.lookup_all(service);
+        all.retain(Instance::is_served);
+        all
+    }
+
+    /// Every live instance of `service`, whatever its status, sorted by id.
+    pub fn lookup_all(&self, service: &str) -> Vec<Instance> {
         let Ok(name) = ServiceName::new(service) else {
             return Vec::new();
         };

@@ -124,6 +124,8 @@ pub fn instance_json(i: &InstanceView) -> serde_json::Value {
         "instance": i.instance,
         "address": i.address,
         "meta": meta_json(&i.meta),
+        "status": i.status,
+        "note": i.note,
         "node": i.node,
         "registered_at": rfc3339(i.registered_at_ms),
         "lease_expires_at": rfc3339(i.lease_expires_at_ms),

@@ -231,6 +231,7 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
                     meta,
                     instance,
                     ttl_ms,
+                    checks,
                 } => {
                     let s = service(RegisterItem {
                         service: name,
@@ -238,6 +239,7 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
                         meta,
                         instance,
                         ttl_ms,
+                        checks,
                     });
                     pending.push_back(match node.register_queued(&s) {
                         Ok((instance, answer)) => Pending::Register { instance, answer },
@@ -249,12 +251,12 @@ async fn requests(node: &Node, ws: &mut Ws, first: Request, cancel: &Cancellatio
                         return;
                     }
                     match other {
-                        Request::Watch { service } => {
-                            watch(node, ws, &service, Vec::new(), cancel).await;
+                        Request::Watch { service, all } => {
+                            watch(node, ws, &service, (Vec::new(), all), cancel).await;
                             return;
                         }
-                        Request::WatchFrom { service, known } => {
-                            watch(node, ws, &service, known, cancel).await;
+                        Request::WatchFrom { service, known, all } => {
+                            watch(node, ws, &service, (known, all), cancel).await;
                             return;
                         }
                         _ => {}
@@ -368,10 +370,28 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
         Request::Services => {
             ServerMessage::Services(node.services().into_iter().map(|(s, n)| (s, n as u64)).collect())
         }
-        Request::Instances { service } => match ServiceName::new(&service) {
+        Request::Instances { service, all } => match ServiceName::new(&service) {
             Err(e) => error(ErrorKind::Invalid, e.to_string()),
-            Ok(_) => ServerMessage::Instances(node.lookup(&service).iter().map(|i| i.view()).collect()),
+            Ok(_) => {
+                let found = if all {
+                    node.lookup_all(&service)
+                } else {
+                    node.lookup(&service)
+                };
+                ServerMessage::Instances(found.iter().map(|i| i.view()).collect())
+            }
         },
+        Request::Pass { service, instance } => match node.pass(&service, &instance) {
+            Ok(()) => ServerMessage::Passed,
+            Err(e) => from_error(e),
+        },
+        Request::Maintenance { instance, reason } => {
+            let target = instance.as_ref().map(|(s, i)| (s.as_str(), i.as_str()));
+            match node.maintenance(target, reason.as_deref()).await {
+                Ok(changed) => ServerMessage::Maintenance { changed },
+                Err(e) => from_error(e),
+            }
+        }
         Request::Members => match node.members().await {
             Ok(m) => ServerMessage::Members(m),
             Err(e) => from_error(e),
@@ -403,6 +423,9 @@ fn service(item: RegisterItem) -> Service {
     if let Some(t) = item.ttl_ms {
         s = s.ttl(Duration::from_millis(t));
     }
+    for c in item.checks {
+        s = s.check(c);
+    }
     s
 }
 
@@ -412,14 +435,14 @@ async fn watch(
     node: &Node,
     ws: &mut Ws,
     service: &str,
-    known: Vec<(String, u64)>,
+    (known, all): (Vec<(String, u64)>, bool),
     cancel: &CancellationToken,
 ) {
     if let Err(e) = ServiceName::new(service) {
         let _ = send(ws, &error(ErrorKind::Invalid, e.to_string())).await;
         return;
     }
-    let mut events = node.watch_from(service, &known.into_iter().collect());
+    let mut events = node.watch_from(service, &known.into_iter().collect(), all);
     // The current instances first, then a marker-free stream of changes.
     loop {
         tokio::select! {
@@ -428,6 +451,7 @@ async fn watch(
                 let Some(e) = e else { return };
                 let view = match e {
                     Event::Up(i) => EventView::Up(i.view()),
+                    Event::Status(i) => EventView::Status(i.view()),
                     Event::Down { service, id, .. } => EventView::Down { service, instance: id },
                 };
                 if send(ws, &ServerMessage::Event(view)).await.is_err() {

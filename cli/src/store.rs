@@ -15,9 +15,14 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
-use roster_registry::{ChangedKeys, Endpoint, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName};
+use roster_registry::{
+    ChangedKeys, Endpoint, Health, Metadata, ProviderId, RegKey, Replica, ReplicaId, ServiceName, Status,
+};
+use roster_transport::proto::OwnedRegistration;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+
+use crate::check::Check;
 
 mod bulk;
 mod disk;
@@ -79,12 +84,86 @@ pub struct OwnedRecord {
     pub registered_at_ms: u64,
     /// When it ends unless registered again (wall ms); `None`: until deregistered.
     pub expires_at_ms: Option<u64>,
+    // Appended in 0.x (records of older builds end above: see `OwnedRecord::decode`).
+    /// Its health as last written by its checks (passing when it has none).
+    pub status: Status,
+    /// Why an operator took it out of service (`roster maint`); `None`: in service.
+    pub maintenance: Option<String>,
+    /// Its health checks, run by this node.
+    pub checks: Vec<Check>,
+}
+
+/// An own registration as builds before health checks saved it.
+#[derive(Deserialize)]
+struct OwnedRecordV1 {
+    service: String,
+    instance: String,
+    address: String,
+    meta: Vec<(String, String)>,
+    lease_ttl_ms: u64,
+    registered_at_ms: u64,
+    expires_at_ms: Option<u64>,
 }
 
 impl OwnedRecord {
     /// The key in the `owned` and `removed` tables.
     pub fn key(&self) -> String {
         key(&self.service, &self.instance)
+    }
+
+    /// A saved record: this build's, or an older build's (passing, in service, no checks).
+    ///
+    /// # Errors
+    /// Why the bytes are neither.
+    pub fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        // A record of an older build is a prefix of this build's shape (fields were
+        // appended), and an older build reading ours stops where its shape ends.
+        postcard::from_bytes(bytes).or_else(|e| {
+            // All of the bytes: a record of ours cut short is refused, not read as older.
+            let old: OwnedRecordV1 = match postcard::take_from_bytes(bytes) {
+                Ok((old, [])) => old,
+                _ => return Err(e),
+            };
+            Ok(Self {
+                service: old.service,
+                instance: old.instance,
+                address: old.address,
+                meta: old.meta,
+                lease_ttl_ms: old.lease_ttl_ms,
+                registered_at_ms: old.registered_at_ms,
+                expires_at_ms: old.expires_at_ms,
+                status: Status::passing(),
+                maintenance: None,
+                checks: Vec::new(),
+            })
+        })
+    }
+
+    /// The status to write: maintenance (with its reason) while an operator holds it out
+    /// of service, else what its checks decided.
+    pub fn effective_status(&self) -> Status {
+        match &self.maintenance {
+            Some(reason) => Status::new(Health::Maintenance, reason),
+            None => self.status.clone(),
+        }
+    }
+
+    /// The registration to write into the replica, checked.
+    ///
+    /// # Errors
+    /// A message naming the rule a part breaks.
+    pub fn registration(&self) -> Result<OwnedRegistration, String> {
+        let (service, provider, endpoint, meta) = self.parts()?;
+        let status = self.effective_status();
+        status.validate().map_err(|e| e.to_string())?;
+        Ok(OwnedRegistration {
+            service,
+            provider,
+            endpoint,
+            meta,
+            status,
+            since_ms: self.registered_at_ms,
+        })
     }
 
     /// The typed parts, checked.
@@ -734,7 +813,7 @@ impl Store {
             let table = tx.open_table(OWNED).map_err(|e| self.io(e))?;
             for row in table.iter().map_err(|e| self.io(e))? {
                 let (_, v) = row.map_err(|e| self.io(e))?;
-                let rec: OwnedRecord = postcard::from_bytes(v.value())
+                let rec = OwnedRecord::decode(v.value())
                     .map_err(|e| self.corrupt(format!("an own registration: {e}")))?;
                 owned.push(rec);
             }
@@ -1127,6 +1206,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_record_saved_by_a_build_before_checks_is_read_passing_and_in_service() {
+        let r = rec("w1");
+        let old = (
+            &r.service,
+            &r.instance,
+            &r.address,
+            &r.meta,
+            r.lease_ttl_ms,
+            r.registered_at_ms,
+            r.expires_at_ms,
+        );
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        assert_eq!(OwnedRecord::decode(&bytes).unwrap(), r);
+        // And this build's record round-trips with what it added.
+        let mut new = rec("w2");
+        new.maintenance = Some("deploy".into());
+        new.checks = vec![Check::new(crate::check::Probe::Ttl)];
+        let bytes = postcard::to_stdvec(&new).unwrap();
+        assert_eq!(OwnedRecord::decode(&bytes).unwrap(), new);
+        assert!(OwnedRecord::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
     /// An own registration of `web` as a test saves it (shared with `entries_tests`).
     pub(super) fn rec(instance: &str) -> OwnedRecord {
         OwnedRecord {
@@ -1137,6 +1239,9 @@ mod tests {
             lease_ttl_ms: 30_000,
             registered_at_ms: 1_000,
             expires_at_ms: None,
+            status: roster_registry::Status::passing(),
+            maintenance: None,
+            checks: Vec::new(),
         }
     }
 

@@ -24,8 +24,8 @@ const POLICY: BackoffPolicy = BackoffPolicy {
     reconnect_spread_ms: 1_000,
 };
 
-/// What the watch printed of an instance: its address and metadata.
-type Shown = BTreeMap<String, (String, Vec<(String, String)>)>;
+/// What the watch printed of each instance.
+type Shown = BTreeMap<String, InstanceView>;
 
 /// How one connection's watch ended.
 enum End {
@@ -35,7 +35,7 @@ enum End {
     Refused(Fail),
 }
 
-pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool) -> Result<(), Fail> {
+pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool, all: bool) -> Result<(), Fail> {
     check_service(&service)?;
     let mut shown = Shown::new();
     let mut backoff = Backoff::default();
@@ -45,7 +45,7 @@ pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool) -> Result
         let opened = Instant::now();
         let end = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            end = follow(c, &service, &mut shown, first) => end,
+            end = follow(c, (&service, all), &mut shown, first) => end,
         };
         let fail = match end {
             End::Lost(f) if !once => f,
@@ -80,26 +80,24 @@ fn draw() -> u64 {
 /// One connection's watch: what changed since `shown`, then every change, printed and
 /// noted in `shown`, until the connection ends. A first connection that cannot be made at
 /// all is refused (a wrong `--agent` fails at once, as other commands do).
-async fn follow(c: &ClientArgs, service: &str, shown: &mut Shown, first: bool) -> End {
+async fn follow(c: &ClientArgs, (service, all): (&str, bool), shown: &mut Shown, first: bool) -> End {
     let mut client = match connect(c).await {
         Ok(client) => client,
         Err(f) if first => return End::Refused(f),
         Err(f) => return End::Lost(f),
     };
-    let known = shown
-        .iter()
-        .map(|(id, (address, meta))| (id.clone(), fingerprint(address, meta)))
-        .collect();
+    let known = shown.iter().map(|(id, i)| (id.clone(), fingerprint(i))).collect();
     let asked = Request::WatchFrom {
         service: service.to_string(),
         known,
+        all,
     };
     if let Err(e) = client.start(asked).await {
         return End::Lost(from_client(e));
     }
     loop {
         match client.recv().await {
-            Ok(ServerMessage::Event(EventView::Up(i))) => up(c, shown, i),
+            Ok(ServerMessage::Event(EventView::Up(i) | EventView::Status(i))) => up(c, shown, i),
             Ok(ServerMessage::Event(EventView::Down { service, instance })) => {
                 down(c, shown, &service, &instance);
             }
@@ -110,35 +108,43 @@ async fn follow(c: &ClientArgs, service: &str, shown: &mut Shown, first: bool) -
     }
 }
 
-/// Prints an instance up, unless it shows what was printed for it already (written again
-/// with the same address and metadata: a re-registration, a restarted owner).
+/// Prints an instance `up` when it is new or its address or metadata changed, `status`
+/// when only its status (or note) did, and nothing when it shows what was printed for it
+/// already (written again unchanged: a re-registration, a restarted owner).
 fn up(c: &ClientArgs, shown: &mut Shown, i: InstanceView) {
-    let now = (i.address.clone(), i.meta.clone());
-    if shown.get(&i.instance) == Some(&now) {
-        return;
-    }
-    shown.insert(i.instance.clone(), now);
+    let event = match shown.get(&i.instance) {
+        Some(was) if fingerprint(was) == fingerprint(&i) => return,
+        Some(was) if (&was.address, &was.meta) == (&i.address, &i.meta) => "status",
+        _ => "up",
+    };
     if c.json {
         output::json_line(&serde_json::json!({
-            "event": "up",
+            "event": event,
             "service": i.service,
             "instance": i.instance,
             "address": i.address,
             "meta": output::meta_json(&i.meta),
+            "status": i.status,
+            "note": i.note,
         }));
     } else {
         output::text_line(&format!(
-            "up    {}  {}  {}  {}",
+            "{event:<6}{}  {}  {}  {}  {}",
             i.service,
             i.instance,
             i.address,
+            i.status,
             output::meta_line(&i.meta)
         ));
     }
+    shown.insert(i.instance.clone(), i);
 }
 
 fn down(c: &ClientArgs, shown: &mut Shown, service: &str, instance: &str) {
-    let (address, meta) = shown.remove(instance).unwrap_or_default();
+    let (address, meta) = shown
+        .remove(instance)
+        .map(|i| (i.address, i.meta))
+        .unwrap_or_default();
     if c.json {
         output::json_line(&serde_json::json!({
             "event": "down",

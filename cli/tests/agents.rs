@@ -1531,6 +1531,8 @@ impl FakeAgent {
                         instance: id.into(),
                         address: "10.0.0.1:80".into(),
                         meta: vec![("zone".into(), EVIL.into())],
+                        status: format!("passing{EVIL}"),
+                        note: EVIL.into(),
                         node: "00000000000000aa".into(),
                         registered_at_ms: 0,
                         lease_expires_at_ms: 0,

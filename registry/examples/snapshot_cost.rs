@@ -31,12 +31,13 @@ fn key(i: usize) -> RegKey {
 
 fn item(i: usize, port: u16) -> NewRegistration {
     let k = key(i);
-    NewRegistration {
-        service: k.service,
-        provider: k.provider,
-        endpoint: Endpoint::new("10.1.2.3", port).unwrap(),
-        meta: [("zone", "eu-1a"), ("version", "1.2.3")].into(),
-    }
+    NewRegistration::new(
+        k.service,
+        k.provider,
+        Endpoint::new("10.1.2.3", port).unwrap(),
+        [("zone", "eu-1a"), ("version", "1.2.3")].into(),
+        1,
+    )
 }
 
 /// The writers (registration `i` is written by writer `i % WRITERS`) and a replica that

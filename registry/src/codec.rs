@@ -10,14 +10,17 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::context::CausalContext;
+use crate::dotfun::DotFun;
 use crate::error::DecodeError;
-use crate::state::{Elided, State, Wire};
+use crate::state::{legacy, Elided, State, Wire};
+use crate::value::Registration;
 
 /// The format version this build writes and reads.
 ///
-/// 2: one lease per node (keyed by node id). 1 (read from disk only): one lease per
-/// provider, converted on decode (see [`crate::state::legacy`]).
-pub const FORMAT_VERSION: u8 = 2;
+/// 3: registrations carry a status and the time they were first registered. 2 (read from
+/// disk only): without them, read as passing and first registered when written. 1 (read
+/// from disk only): one lease per provider, moved to the node that wrote it.
+pub const FORMAT_VERSION: u8 = 3;
 
 /// The oldest format [`decode_state`] still reads.
 pub const OLDEST_FORMAT_VERSION: u8 = 1;
@@ -33,14 +36,27 @@ pub(crate) fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 }
 
 pub(crate) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    decode_since(bytes, FORMAT_VERSION)
+}
+
+/// Decodes a value whose encoding has not changed since format `oldest`.
+pub(crate) fn decode_since<T: DeserializeOwned>(bytes: &[u8], oldest: u8) -> Result<T, DecodeError> {
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
-    if version != FORMAT_VERSION {
+    if !(oldest..=FORMAT_VERSION).contains(&version) {
         return Err(DecodeError::UnsupportedVersion {
             found: version,
             supported: FORMAT_VERSION,
         });
     }
     decode_body(body)
+}
+
+/// Decodes the registrations stored under one key, converting format 2.
+pub(crate) fn decode_registrations(bytes: &[u8]) -> Result<DotFun<Registration>, DecodeError> {
+    match bytes.split_first() {
+        Some((&2, body)) => Ok(legacy::upgrade(decode_body(body)?)),
+        _ => decode_value(bytes),
+    }
 }
 
 fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
@@ -56,16 +72,16 @@ pub fn encode_state(state: &State) -> Vec<u8> {
     encode_value(&state.wire())
 }
 
-/// Decodes a state or a delta, checking every invariant. A state of format 1 (a data
-/// directory written before leases were per node) is converted: see
-/// [`crate::state::legacy`].
+/// Decodes a state or a delta, checking every invariant. A state of format 1 or 2 (a data
+/// directory written by an older build) is converted (see [`FORMAT_VERSION`]).
 ///
 /// # Errors
 /// [`DecodeError`] for empty, truncated, extended, wrong-version or invalid input.
 pub fn decode_state(bytes: &[u8]) -> Result<State, DecodeError> {
-    if let Some((&1, body)) = bytes.split_first() {
-        let w: crate::state::legacy::WireV1 = decode_body(body)?;
-        return Ok(w.into_state()?);
+    match bytes.split_first() {
+        Some((&1, body)) => return Ok(decode_body::<legacy::WireV1>(body)?.into_state()?),
+        Some((&2, body)) => return Ok(decode_body::<legacy::WireV2>(body)?.into_state()?),
+        _ => {}
     }
     let w: Wire = decode_value(bytes)?;
     Ok(State::from_parts(
@@ -86,7 +102,8 @@ pub fn encode_context(ctx: &CausalContext) -> Vec<u8> {
 /// # Errors
 /// [`DecodeError`] for empty, truncated, extended, wrong-version or invalid input.
 pub fn decode_context(bytes: &[u8]) -> Result<CausalContext, DecodeError> {
-    let ctx: CausalContext = decode_value(bytes)?;
+    // Unchanged since format 2: a data directory of the build before saved its context so.
+    let ctx: CausalContext = decode_since(bytes, 2)?;
     ctx.validate()?;
     Ok(ctx)
 }
@@ -143,5 +160,21 @@ mod tests {
         assert_eq!(decode_state(&bytes).unwrap(), three_nodes());
     }
 
-    const THREE_NODES_HEX: &str = "02060361706901610110030831302e302e302e3151008080e01f10010361706901620120030831302e302e302e3151008080a02020010361706901630130030831302e302e302e3151008080e02030010377656201610110020831302e302e302e3150008080e01f10010377656201620120020831302e302e302e3150008080a02020010377656201630130020831302e302e302e3150008080e020300103100110018080e01fb0ea01200120018080a020b0ea01300130018080e020b0ea0103100320033003000000";
+    #[test]
+    fn a_format_2_state_is_read_as_passing_and_first_registered_when_written() {
+        let bytes: Vec<u8> = (0..THREE_NODES_V2_HEX.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&THREE_NODES_V2_HEX[i..i + 2], 16).unwrap())
+            .collect();
+        let state = decode_state(&bytes).unwrap();
+        assert_eq!(state, three_nodes());
+        assert!(state.regs.values().all(|f| f
+            .iter()
+            .all(|(_, r)| r.status == crate::Status::passing() && r.since_ms == r.written.millis())));
+    }
+
+    const THREE_NODES_HEX: &str = "03060361706901610110030831302e302e302e3151000000f8078080e01f10010361706901620120030831302e302e302e315100000088088080a02020010361706901630130030831302e302e302e315100000098088080e02030010377656201610110020831302e302e302e3150000000f8078080e01f10010377656201620120020831302e302e302e315000000088088080a02020010377656201630130020831302e302e302e315000000098088080e020300103100110018080e01fb0ea01200120018080a020b0ea01300130018080e020b0ea0103100320033003000000";
+
+    /// The same state in format 2, before registrations carried a status.
+    const THREE_NODES_V2_HEX: &str = "02060361706901610110030831302e302e302e3151008080e01f10010361706901620120030831302e302e302e3151008080a02020010361706901630130030831302e302e302e3151008080e02030010377656201610110020831302e302e302e3150008080e01f10010377656201620120020831302e302e302e3150008080a02020010377656201630130020831302e302e302e3150008080e020300103100110018080e01fb0ea01200120018080a020b0ea01300130018080e020b0ea0103100320033003000000";
 }

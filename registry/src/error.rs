@@ -34,6 +34,12 @@ pub enum InvalidInput {
         /// What was exceeded.
         why: String,
     },
+    /// A status was malformed.
+    #[error("invalid status: {why}")]
+    Status {
+        /// What is wrong.
+        why: String,
+    },
     /// A lease TTL was out of range.
     #[error("lease ttl {ttl_ms} ms is out of range; use 100 ms to 24 h")]
     LeaseTtl {

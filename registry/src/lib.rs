@@ -45,6 +45,7 @@ mod persist;
 mod regstore;
 mod replica;
 mod state;
+mod status;
 mod value;
 
 pub use admit::{Bounds, Refusal, MAX_COUNTER};
@@ -60,6 +61,7 @@ pub use meta::Metadata;
 pub use persist::{ChangedKeys, EntryLoader};
 pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
+pub use status::{Health, Status, MAX_NOTE_LEN};
 pub use value::{
     is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN,
     MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,

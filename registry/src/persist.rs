@@ -21,7 +21,7 @@ use crate::id::ReplicaId;
 use crate::regstore::RegMap;
 use crate::replica::Replica;
 use crate::state::{JoinReport, LeaseMap, RegKey, State};
-use crate::value::{Lease, Registration};
+use crate::value::Lease;
 
 /// The keys whose entries changed: the registrations and the nodes' leases.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl EntryLoader {
     /// # Errors
     /// [`DecodeError`] for bytes that are not such an entry.
     pub fn add_reg(&mut self, key: RegKey, bytes: &[u8]) -> Result<(), DecodeError> {
-        let f: DotFun<Registration> = codec::decode_value(bytes)?;
+        let f = codec::decode_registrations(bytes)?;
         self.regs.insert_mut(key, f);
         Ok(())
     }
@@ -128,7 +128,8 @@ impl EntryLoader {
     /// # Errors
     /// [`DecodeError`] for bytes that are not such an entry.
     pub fn add_lease(&mut self, node: ReplicaId, bytes: &[u8]) -> Result<(), DecodeError> {
-        let f: DotFun<Lease> = codec::decode_value(bytes)?;
+        // Unchanged since format 2.
+        let f: DotFun<Lease> = codec::decode_since(bytes, 2)?;
         self.leases.insert_mut(node, f);
         Ok(())
     }

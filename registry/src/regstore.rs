@@ -158,6 +158,8 @@ mod tests {
         Registration {
             endpoint: Endpoint::parse("10.0.0.1:80").unwrap(),
             meta: crate::Metadata::default(),
+            status: crate::Status::passing(),
+            since_ms: 1,
             written: Hlc::new(1, 0),
             lease_dot: lease,
         }

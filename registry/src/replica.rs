@@ -59,6 +59,8 @@ impl InstanceRef<'_> {
             provider: self.provider.clone(),
             endpoint: self.registration.endpoint.clone(),
             meta: self.registration.meta.clone(),
+            status: self.registration.status.clone(),
+            since_ms: self.registration.since_ms,
             written: self.registration.written,
             node: self.node(),
             lease_deadline_ms: self.lease.deadline_ms(),
@@ -77,7 +79,11 @@ pub struct Instance {
     pub endpoint: Endpoint,
     /// Its metadata.
     pub meta: Metadata,
-    /// When it was registered (or last updated).
+    /// How it is doing, as its owner last judged it.
+    pub status: crate::Status,
+    /// When its owner first registered it (wall ms).
+    pub since_ms: u64,
+    /// When it was last written (registered, updated, or its status changed).
     pub written: Hlc,
     /// The node that wrote it.
     pub node: ReplicaId,
@@ -165,7 +171,8 @@ impl Replica {
         dot(self.id, c)
     }
 
-    /// Registers (or updates) `provider`'s instance of `service`, and makes sure this node
+    /// Registers (or updates) `provider`'s instance of `service`, passing and first
+    /// registered now (see [`Replica::register_many`] for the rest), and makes sure this node
     /// holds a lease of `lease_ttl_ms`: the registration lives by this node's lease, as
     /// every registration lives by the lease of the node that wrote it.
     ///
@@ -187,12 +194,7 @@ impl Replica {
         lease_ttl_ms: u64,
         now: Hlc,
     ) -> Result<Applied, InvalidInput> {
-        let item = NewRegistration {
-            service,
-            provider,
-            endpoint,
-            meta,
-        };
+        let item = NewRegistration::new(service, provider, endpoint, meta, now.millis());
         self.register_many(vec![item], lease_ttl_ms, now)
             .map_err(|(_, e)| e)
     }

@@ -9,6 +9,7 @@ use crate::error::InvalidInput;
 use crate::hlc::Hlc;
 use crate::id::{truncate_for_display, Dot};
 use crate::meta::Metadata;
+use crate::status::{Health, Status};
 
 /// The most metadata pairs one registration may carry.
 pub const MAX_META_PAIRS: usize = 64;
@@ -236,6 +237,11 @@ pub struct Registration {
     pub endpoint: Endpoint,
     /// Its metadata.
     pub meta: Metadata,
+    /// How it is doing, as its owner last judged it.
+    pub status: Status,
+    /// When its owner first registered it (wall ms): kept across updates, status changes
+    /// and the owner's restarts, so "registered at" means what it says.
+    pub since_ms: u64,
     /// When it was written; the register's winner is the greatest `(written, dot)`.
     pub written: Hlc,
     /// The provider's lease this was written under. Once that lease has been collected and
@@ -246,13 +252,17 @@ pub struct Registration {
 impl Registration {
     pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
         self.endpoint.validate()?;
-        validate_metadata(&self.meta)
+        validate_metadata(&self.meta)?;
+        self.status.validate()
     }
 }
 
 impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{:?}", self.endpoint, self.written)?;
+        if self.status.health != Health::Passing {
+            write!(f, "[{}]", self.status.health)?;
+        }
         if !self.meta.is_empty() {
             write!(f, "{:?}", self.meta)?;
         }

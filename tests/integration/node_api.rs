@@ -215,6 +215,7 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
         meta: vec![],
         instance: Some("web-1".into()),
         ttl_ms: None,
+        checks: vec![],
     };
     for port in [8080, 8081] {
         assert_eq!(
@@ -227,6 +228,7 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
     match c
         .request(Request::Instances {
             service: "web".into(),
+            all: false,
         })
         .await
         .unwrap()
@@ -240,6 +242,7 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
     match c
         .request(Request::Watch {
             service: "web".into(),
+            all: false,
         })
         .await
         .unwrap()
@@ -285,6 +288,7 @@ async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_
             .collect(),
         instance: Some("web-1".into()),
         ttl_ms,
+        checks: vec![],
     };
     for (req, needle) in [
         (
@@ -465,6 +469,7 @@ async fn requests_sent_without_waiting_are_answered_in_order_and_registrations_b
         meta: vec![],
         instance: Some(id.into()),
         ttl_ms: None,
+        checks: vec![],
     };
     // More than the agent reads ahead, a bad one among them, a write to one instance
     // twice, then a removal and a read that must see every write before it.
@@ -480,6 +485,7 @@ async fn requests_sent_without_waiting_are_answered_in_order_and_registrations_b
     });
     sent.push(Request::Instances {
         service: "web".into(),
+        all: false,
     });
     for r in &sent {
         c.start(r.clone()).await.unwrap();

@@ -43,7 +43,26 @@ fn golden_vector_pins_the_encoding_of_a_registration_delta() {
     assert_eq!(codec::decode_state(&bytes).unwrap(), golden_delta());
 }
 
-const GOLDEN_DELTA_HEX: &str = "020103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";
+const GOLDEN_DELTA_HEX: &str = "030103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161000080d095ffbc31808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";
+
+/// The same delta in format 2, before registrations carried a status and the time they
+/// were first registered.
+const GOLDEN_DELTA_V2_HEX: &str = "020103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";
+
+#[test]
+fn a_format_2_state_is_read_as_passing_and_registered_when_it_was_written() {
+    let state = codec::decode_state(&unhex(GOLDEN_DELTA_V2_HEX)).unwrap();
+    assert_eq!(state, golden_delta());
+    // It keeps the keys it names, as format 3 would.
+    assert!(state.is_delta());
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
 
 /// The same delta in format 1, when each provider had a lease of its own (`web-1`'s).
 const GOLDEN_DELTA_V1_HEX: &str = "010103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101057765622d3101820201808080c0d6fcf3c501b0ea01018202020000010000";
@@ -66,7 +85,13 @@ fn golden_vector_pins_the_encoding_of_a_digest() {
     assert_eq!(hex(&bytes), GOLDEN_DIGEST_HEX, "the encoding changed");
 }
 
-const GOLDEN_DIGEST_HEX: &str = "02018202020000";
+const GOLDEN_DIGEST_HEX: &str = "03018202020000";
+
+#[test]
+fn a_digest_saved_in_format_2_is_read_as_it_was() {
+    let bytes = unhex(&GOLDEN_DIGEST_HEX.replacen("03", "02", 1));
+    assert_eq!(codec::decode_context(&bytes).unwrap(), *golden_delta().context());
+}
 
 #[test]
 fn states_deltas_digests_and_elided_states_round_trip() {

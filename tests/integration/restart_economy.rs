@@ -152,6 +152,8 @@ fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
         provider: p.clone(),
         endpoint: ep,
         meta: Metadata::default(),
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
     };
     let resume = Resume {
         owned: vec![owned],
@@ -502,6 +504,8 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
         provider: ProviderId::new(&format!("b{i}")).unwrap(),
         endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
         meta,
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
     };
     const OWNED: usize = 25_000;
     let mut owned: Vec<OwnedRegistration> = (0..OWNED).map(|i| item(i, Metadata::default())).collect();
@@ -544,6 +548,8 @@ fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
         provider: ProviderId::new("w1").unwrap(),
         endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
         meta: Metadata::default(),
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
     }];
     let t0 = 1_000_000;
     let resume = || Resume {

@@ -792,6 +792,8 @@ fn bulk_items(service: &ServiceName, prefix: &str, n: usize) -> Vec<OwnedRegistr
             provider: ProviderId::new(&format!("{prefix}{i}")).unwrap(),
             endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
             meta: Default::default(),
+            status: roster_registry::Status::passing(),
+            since_ms: 1,
         })
         .collect()
 }

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks (2: the listener proves the cluster secret only
 /// after the dialer has, in the handshake's welcome; 3: one lease per node, registry
-/// format 2).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// format 2; 4: registrations carry a status, registry format 3).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// The most entries (registrations plus leases) one delta may carry.
 pub const MAX_DELTA_ENTRIES: usize = 65_536;
 /// The most entries one full (elided) state may carry.

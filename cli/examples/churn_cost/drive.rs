@@ -33,6 +33,7 @@ fn item(n: usize, seq: u64) -> RegisterItem {
         meta: vec![("seq".into(), seq.to_string())],
         instance: Some(format!("c{i}")),
         ttl_ms: None,
+        checks: vec![],
     }
 }
 
@@ -74,6 +75,7 @@ pub async fn watch_all(cluster: &Cluster, n: usize) -> Result<Sightings, Error> 
         client
             .start(Request::Watch {
                 service: SERVICE.into(),
+                all: false,
             })
             .await?;
         let count = Arc::new(AtomicU64::new(0));

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use roster_registry::{Replica, ReplicaId};
 use roster_transport::driver::{self, DriverConfig, StartError};
 use roster_transport::handshake::Secret;
-use roster_transport::proto::{self, OwnedRegistration, Resume};
+use roster_transport::proto::{self, Resume};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::checks;
 use super::tasks::{saver, ttl_keeper, warn_unsynced};
 use super::{
     millis, now_ms, CrashGuard, Error, Inner, Node, CLIENT_QUEUE, DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD,
@@ -86,6 +87,7 @@ pub struct NodeBuilder {
     client_auth_always: bool,
     crash_guard: Option<CrashGuard>,
     tls: Option<driver::TlsConfig>,
+    exec_checks: bool,
 }
 
 impl Default for NodeBuilder {
@@ -111,6 +113,7 @@ impl Default for NodeBuilder {
             client_auth_always: false,
             crash_guard: Some(DEFAULT_CRASH_GUARD),
             tls: None,
+            exec_checks: false,
         }
     }
 }
@@ -231,6 +234,15 @@ impl NodeBuilder {
     #[must_use]
     pub fn sync_min_interval(mut self, d: Duration) -> Self {
         self.sync_min_interval = d;
+        self
+    }
+
+    /// Whether this node runs exec health checks (default: no). They run commands as this
+    /// process's user, so anyone who may register may run them: off unless asked, as in
+    /// Consul.
+    #[must_use]
+    pub fn enable_exec_checks(mut self, yes: bool) -> Self {
+        self.exec_checks = yes;
         self
     }
 
@@ -483,14 +495,9 @@ impl NodeBuilder {
             // Saved for older builds, which gave each registration a lease of its own: it
             // lives by the node's lease now.
             rec.lease_ttl_ms = millis(self.lease_ttl);
-            match rec.parts() {
-                Ok((service, provider, endpoint, meta)) => {
-                    resume.owned.push(OwnedRegistration {
-                        service,
-                        provider,
-                        endpoint,
-                        meta,
-                    });
+            match rec.registration() {
+                Ok(reg) => {
+                    resume.owned.push(reg);
                     owned_map.insert(rec.key(), rec);
                 }
                 Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
@@ -535,10 +542,15 @@ impl NodeBuilder {
             queue: std::sync::Mutex::default(),
             secret,
             client_auth_always: self.client_auth_always,
+            exec_checks: self.exec_checks,
+            checks: checks::Checks::default(),
             last_sync: std::sync::Mutex::new(None),
             pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let node = Node { inner };
+        for rec in node.inner.owned.lock().await.values() {
+            node.run_checks(rec);
+        }
         if let Some(store) = store {
             node.inner
                 .tasks

@@ -4,8 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use roster_transport::proto::OwnedRegistration;
-
 use super::{Error, Node, Registration, Service};
 use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
 
@@ -61,20 +59,19 @@ impl Node {
     /// restarted node would mint them again.)
     async fn put_many(&self, services: Vec<Service>) -> Result<Vec<OwnedRecord>, Error> {
         let recs = self.records(&services)?;
+        let mut owned = self.inner.owned.lock().await;
+        let recs: Vec<OwnedRecord> = recs
+            .into_iter()
+            .map(|r| match owned.get(&r.key()) {
+                Some(before) => super::group::carry_over(r, before),
+                None => r,
+            })
+            .collect();
         let regs = recs
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                let (service, provider, endpoint, meta) = r.parts().map_err(|e| item_error(i, e))?;
-                Ok(OwnedRegistration {
-                    service,
-                    provider,
-                    endpoint,
-                    meta,
-                })
-            })
+            .map(|(i, r)| r.registration().map_err(|e| item_error(i, e)))
             .collect::<Result<Vec<_>, Error>>()?;
-        let mut owned = self.inner.owned.lock().await;
         if self.is_stopped() {
             return Err(Error::Stopped);
         }
@@ -109,6 +106,7 @@ impl Node {
             return Err(e.into());
         }
         for r in &recs {
+            self.run_checks(r);
             owned.insert(r.key(), r.clone());
         }
         Ok(recs)

@@ -78,6 +78,7 @@ async fn a_change_that_cannot_be_saved_is_refused_and_the_node_writes_again_once
             .unwrap();
         seen.push(match e {
             Event::Up(i) => format!("+{}", i.id),
+            Event::Status(i) => format!("~{}", i.id),
             Event::Down { id, .. } => format!("-{id}"),
         });
     }

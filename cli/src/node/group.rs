@@ -32,9 +32,20 @@ type Reply = oneshot::Sender<Result<(), Error>>;
 /// Registrations waiting for the next commit.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
-    items: Vec<(OwnedRecord, Reply)>,
+    items: Vec<Queued>,
     /// Whether a committer task is draining `items`.
     running: bool,
+}
+
+/// A write waiting for the next commit.
+#[derive(Debug)]
+struct Queued {
+    rec: OwnedRecord,
+    /// A registration as a client asked for it, which keeps what the node knows of an
+    /// instance it already owns (see [`carry_over`]); else a rewrite of an owned record by
+    /// the node itself (a status change), written as it is.
+    fresh: bool,
+    reply: Reply,
 }
 
 /// One registration admitted into a group.
@@ -48,6 +59,11 @@ impl Node {
     /// Registers `rec` with the next commit, and waits for it.
     pub(super) async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
         self.enqueue(rec).await.unwrap_or(Err(Error::Stopped))
+    }
+
+    /// Writes `rec`, an owned record the node changed itself (its status), as it is.
+    pub(super) async fn rewrite(&self, rec: OwnedRecord) -> Result<(), Error> {
+        self.queue(rec, false).await.unwrap_or(Err(Error::Stopped))
     }
 
     /// Registers as [`Node::register_owned`], without waiting: returns the instance id and
@@ -64,6 +80,10 @@ impl Node {
     /// Queues `rec` for the next commit and returns its answer. It returns at once, so the
     /// order of calls is the order of the writes (a later write to the same instance wins).
     pub(crate) fn enqueue(&self, rec: OwnedRecord) -> Answer {
+        self.queue(rec, true)
+    }
+
+    fn queue(&self, rec: OwnedRecord, fresh: bool) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self
@@ -71,7 +91,7 @@ impl Node {
                 .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            q.items.push((rec, reply));
+            q.items.push(Queued { rec, fresh, reply });
             !std::mem::replace(&mut q.running, true)
         };
         if start {
@@ -106,11 +126,15 @@ impl Node {
     /// leaves writes that were never answered; the restarted node does not own them, so
     /// they lapse with its lease (or are removed on resume if the saved replica has them),
     /// as unanswered writes may.
-    async fn commit_group(&self, group: Vec<(OwnedRecord, Reply)>) {
+    async fn commit_group(&self, group: Vec<Queued>) {
         let mut owned = self.inner.owned.lock().await;
         let store = self.inner.store();
         let admitted: Vec<Admitted> = group
             .into_iter()
+            .map(|q| match (q.fresh, owned.get(&q.rec.key())) {
+                (true, Some(before)) => (carry_over(q.rec, before), q.reply),
+                _ => (q.rec, q.reply),
+            })
             .filter_map(|(rec, reply)| match self.admit(&rec, store.as_deref()) {
                 Ok(reg) => Some(Admitted { rec, reg, reply }),
                 Err(e) => {
@@ -140,6 +164,7 @@ impl Node {
             }
         }
         for a in admitted {
+            self.run_checks(&a.rec);
             owned.insert(a.rec.key(), a.rec);
             let _ = a.reply.send(Ok(()));
         }
@@ -147,7 +172,7 @@ impl Node {
 
     /// The checks of one registration, made under the lock that orders writes.
     fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<OwnedRegistration, Error> {
-        let (service, provider, endpoint, meta) = rec.parts().map_err(Error::Invalid)?;
+        let reg = rec.registration().map_err(Error::Invalid)?;
         if self.is_stopped() {
             return Err(Error::Stopped);
         }
@@ -155,13 +180,8 @@ impl Node {
         if let Some(store) = store {
             store.ready()?;
         }
-        self.not_owned_elsewhere(&service, &provider)?;
-        Ok(OwnedRegistration {
-            service,
-            provider,
-            endpoint,
-            meta,
-        })
+        self.not_owned_elsewhere(&reg.service, &reg.provider)?;
+        Ok(reg)
     }
 
     /// Writes the group into the replica as one delta; answers and drops each item the node
@@ -170,15 +190,7 @@ impl Node {
         while !admitted.is_empty() {
             let last = last_per_key(&admitted);
             let regs: Vec<_> = last.values().map(|a| admitted[*a].reg.clone()).collect();
-            let result = match <[OwnedRegistration; 1]>::try_from(regs) {
-                Ok([r]) => {
-                    self.inner
-                        .handle
-                        .register(r.service, r.provider, r.endpoint, r.meta)
-                        .await
-                }
-                Err(regs) => self.inner.handle.register_many(regs).await,
-            };
+            let result = self.inner.handle.register_many(regs).await;
             match result {
                 Ok(()) => return admitted,
                 Err(DriverError::InvalidItem { index, source }) => {
@@ -208,14 +220,26 @@ impl Node {
     /// failed commit): its `previous` record, or nothing.
     async fn restore(&self, previous: Option<&OwnedRecord>, reg: &OwnedRegistration) {
         let handle = &self.inner.handle;
-        let _ = match previous.and_then(|p| p.parts().ok()) {
-            Some((s, p, ep, m)) => handle.register(s, p, ep, m).await,
+        let _ = match previous.and_then(|p| p.registration().ok()) {
+            Some(r) => handle.register_many(vec![r]).await,
             None => handle
                 .deregister(reg.service.clone(), reg.provider.clone())
                 .await
                 .map(drop),
         };
     }
+}
+
+/// A new registration of an instance the node already owns keeps what the node knows of
+/// it: when it was first registered, its maintenance, and the status its checks decided
+/// (when they are the same checks). Registering again is an update, not a new instance.
+pub(super) fn carry_over(mut rec: OwnedRecord, before: &OwnedRecord) -> OwnedRecord {
+    rec.registered_at_ms = before.registered_at_ms;
+    rec.maintenance.clone_from(&before.maintenance);
+    if rec.checks == before.checks {
+        rec.status.clone_from(&before.status);
+    }
+    rec
 }
 
 /// The index of the last write to each key (store key, in its order).

@@ -11,30 +11,36 @@ use tokio::sync::broadcast;
 use super::{now_ms, Event, Instance, Node};
 
 impl Node {
-    /// The instances of `service` now (as `Up` events), then every change as it arrives:
-    /// pushed by peers, no polling. A watch that falls behind re-reads the replica and
-    /// reports the difference, so it never misses a final state.
+    /// The served instances of `service` now (as `Up` events), then every change as it
+    /// arrives: pushed by peers, no polling. An instance that turns critical or goes into
+    /// maintenance is `Down` for this watch, and `Up` again when it is served; a change of
+    /// status between passing and warning is a `Status` event. A watch that falls behind
+    /// re-reads the replica and reports the difference, so it never misses a final state.
     pub fn watch(&self, service: &str) -> Watch {
-        self.watch_from(service, &BTreeMap::new())
+        self.watch_from(service, &BTreeMap::new(), false)
     }
 
-    /// As [`Node::watch`], for a watcher that already shows `shown` (instance id to the
-    /// [`crate::api::fingerprint`] of its address and metadata): first an `Up` for each
-    /// instance new or changed since, and a `Down` for each one gone, then every change.
-    pub(crate) fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>) -> Watch {
+    /// As [`Node::watch`], for every instance whatever its status: a change of status is
+    /// a `Status` event.
+    pub fn watch_all(&self, service: &str) -> Watch {
+        self.watch_from(service, &BTreeMap::new(), true)
+    }
+
+    /// As [`Node::watch`] (or [`Node::watch_all`]), for a watcher that already shows
+    /// `shown` (instance id to the [`crate::api::fingerprint`] of what it shows): first an
+    /// `Up` for each instance new or changed since, and a `Down` for each one gone, then
+    /// every change.
+    pub(crate) fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>, all: bool) -> Watch {
         let rx = self.inner.handle.subscribe();
         let name = ServiceName::new(service).ok();
         let mut known = BTreeMap::new();
         let mut pending = VecDeque::new();
         if let Some(name) = &name {
-            let replica = self.inner.handle.replica();
-            for i in replica.instances(name, now_ms()) {
-                let i = Instance::from_registry(&i.to_owned());
-                known.insert(i.id.clone(), i.clone());
+            known = read(&self.inner.handle.replica(), name, all);
+            for i in known.values() {
                 // The fingerprint of what a client shows: the view it was sent.
-                let v = i.view();
-                if shown.get(&i.id) != Some(&crate::api::fingerprint(&v.address, &v.meta)) {
-                    pending.push_back(Event::Up(i));
+                if shown.get(&i.id) != Some(&crate::api::fingerprint(&i.view())) {
+                    pending.push_back(Event::Up(i.clone()));
                 }
             }
             for id in shown.keys().filter(|id| !known.contains_key(*id)) {
@@ -49,6 +55,7 @@ impl Node {
             node: self.clone(),
             rx,
             name,
+            all,
             known,
             pending,
         };
@@ -61,10 +68,21 @@ impl Node {
     }
 }
 
+/// The instances of `name` a watch shows: every live one with `all`, else the served ones.
+fn read(replica: &roster_registry::Replica, name: &ServiceName, all: bool) -> BTreeMap<String, Instance> {
+    replica
+        .instances(name, now_ms())
+        .map(|i| Instance::from_registry(&i.to_owned()))
+        .filter(|i| all || i.is_served())
+        .map(|i| (i.id.clone(), i))
+        .collect()
+}
+
 struct WatchState {
     node: Node,
     rx: broadcast::Receiver<Change>,
     name: Option<ServiceName>,
+    all: bool,
     known: BTreeMap<String, Instance>,
     pending: VecDeque<Event>,
 }
@@ -84,18 +102,17 @@ impl WatchState {
             match received {
                 Ok(Change::Up(i)) if i.service == name => {
                     let i = Instance::from_registry(&i);
-                    if self.known.get(&i.id) != Some(&i) {
-                        self.known.insert(i.id.clone(), i.clone());
-                        return Some(Event::Up(i));
+                    if self.all || i.is_served() {
+                        if let Some(e) = self.show(i) {
+                            return Some(e);
+                        }
+                    } else if let Some(e) = self.hide(&i.id) {
+                        return Some(e);
                     }
                 }
                 Ok(Change::Down { service, provider }) if service == name => {
-                    if let Some(gone) = self.known.remove(provider.as_str()) {
-                        return Some(Event::Down {
-                            service: service.as_str().to_string(),
-                            id: provider.as_str().to_string(),
-                            address: gone.address,
-                        });
+                    if let Some(e) = self.hide(provider.as_str()) {
+                        return Some(e);
                     }
                 }
                 Ok(_) => {}
@@ -105,32 +122,46 @@ impl WatchState {
         }
     }
 
+    /// The event for `i` shown now: `Up` when it is new to the watch or its address or
+    /// metadata changed, `Status` when only its status did, nothing when nothing shown did.
+    fn show(&mut self, i: Instance) -> Option<Event> {
+        let e = match self.known.get(&i.id) {
+            Some(was) if was.shows_as(&i) => None,
+            Some(was) if (&was.address, &was.meta) == (&i.address, &i.meta) => Some(Event::Status(i.clone())),
+            _ => Some(Event::Up(i.clone())),
+        };
+        self.known.insert(i.id.clone(), i);
+        e
+    }
+
+    /// The `Down` for instance `id` when this watch showed it.
+    fn hide(&mut self, id: &str) -> Option<Event> {
+        let gone = self.known.remove(id)?;
+        Some(Event::Down {
+            service: gone.service,
+            id: gone.id,
+            address: gone.address,
+        })
+    }
+
     /// After falling behind: report the difference between what this watch showed and the
     /// replica now.
     fn resync(&mut self, name: &ServiceName) {
-        let replica = self.node.inner.handle.replica();
-        let now: BTreeMap<String, Instance> = replica
-            .instances(name, now_ms())
-            .map(|i| {
-                let i = Instance::from_registry(&i.to_owned());
-                (i.id.clone(), i)
-            })
+        let now = read(&self.node.inner.handle.replica(), name, self.all);
+        let gone: Vec<String> = self
+            .known
+            .keys()
+            .filter(|id| !now.contains_key(*id))
+            .cloned()
             .collect();
-        for (id, gone) in &self.known {
-            if !now.contains_key(id) {
-                self.pending.push_back(Event::Down {
-                    service: name.as_str().to_string(),
-                    id: id.clone(),
-                    address: gone.address.clone(),
-                });
-            }
+        for id in gone {
+            let e = self.hide(&id);
+            self.pending.extend(e);
         }
-        for (id, i) in &now {
-            if self.known.get(id) != Some(i) {
-                self.pending.push_back(Event::Up(i.clone()));
-            }
+        for i in now.into_values() {
+            let e = self.show(i);
+            self.pending.extend(e);
         }
-        self.known = now;
     }
 }
 

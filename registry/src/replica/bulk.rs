@@ -10,6 +10,7 @@ use crate::hlc::Hlc;
 use crate::id::{ProviderId, ServiceName};
 use crate::meta::Metadata;
 use crate::state::{RegKey, State};
+use crate::status::Status;
 use crate::value::{validate_metadata, Endpoint, Lease, Registration};
 
 /// One registration of a bulk write ([`Replica::register_many`]).
@@ -23,6 +24,38 @@ pub struct NewRegistration {
     pub endpoint: Endpoint,
     /// Its metadata.
     pub meta: Metadata,
+    /// How it is doing.
+    pub status: Status,
+    /// When it was first registered (wall ms), kept across its updates.
+    pub since_ms: u64,
+}
+
+impl NewRegistration {
+    /// A passing registration first made at `since_ms`.
+    pub fn new(
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        since_ms: u64,
+    ) -> Self {
+        Self {
+            service,
+            provider,
+            endpoint,
+            meta,
+            status: Status::passing(),
+            since_ms,
+        }
+    }
+}
+
+/// What a registration holds besides where it lives and when it was written.
+struct Content {
+    endpoint: Endpoint,
+    meta: Metadata,
+    status: Status,
+    since_ms: u64,
 }
 
 impl Replica {
@@ -41,28 +74,37 @@ impl Replica {
     ) -> Result<Applied, (usize, InvalidInput)> {
         for (i, item) in items.iter().enumerate() {
             validate_metadata(&item.meta).map_err(|e| (i, e))?;
+            item.status.validate().map_err(|e| (i, e))?;
         }
         let lease = Lease::new(now, lease_ttl_ms).map_err(|e| (0, e))?;
-        let last: BTreeMap<RegKey, (Endpoint, Metadata)> = items
+        let last: BTreeMap<RegKey, Content> = items
             .into_iter()
             .map(|r| {
                 let key = RegKey {
                     service: r.service,
                     provider: r.provider,
                 };
-                (key, (r.endpoint, r.meta))
+                let content = Content {
+                    endpoint: r.endpoint,
+                    meta: r.meta,
+                    status: r.status,
+                    since_ms: r.since_ms,
+                };
+                (key, content)
             })
             .collect();
         let mut delta = State::new_delta();
         let mut seen = Vec::new();
         let lease_dot = self.own_live_lease(lease, now, &mut seen, &mut delta);
-        for (key, (endpoint, meta)) in last {
+        for (key, c) in last {
             seen.extend(self.state.reg_dots(&key));
             let d = self.mint();
             seen.push(d.clone());
             let registration = Registration {
-                endpoint,
-                meta,
+                endpoint: c.endpoint,
+                meta: c.meta,
+                status: c.status,
+                since_ms: c.since_ms,
                 written: now,
                 lease_dot: lease_dot.clone(),
             };
@@ -100,12 +142,13 @@ mod tests {
     use crate::id::ReplicaId;
 
     fn item(service: &str, provider: &str, port: u16) -> NewRegistration {
-        NewRegistration {
-            service: ServiceName::new(service).unwrap(),
-            provider: ProviderId::new(provider).unwrap(),
-            endpoint: Endpoint::new("10.0.0.1", port).unwrap(),
-            meta: Metadata::default(),
-        }
+        NewRegistration::new(
+            ServiceName::new(service).unwrap(),
+            ProviderId::new(provider).unwrap(),
+            Endpoint::new("10.0.0.1", port).unwrap(),
+            Metadata::default(),
+            1,
+        )
     }
 
     fn batch(n: u16) -> Vec<NewRegistration> {

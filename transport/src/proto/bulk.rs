@@ -25,6 +25,8 @@ impl Node {
                 provider: o.provider.clone(),
                 endpoint: o.endpoint.clone(),
                 meta: o.meta.clone(),
+                status: o.status.clone(),
+                since_ms: o.since_ms,
             })
             .collect();
         let applied = self.replica.register_many(news, ttl_ms, stamp)?;
@@ -32,6 +34,8 @@ impl Node {
             let owned = Owned {
                 endpoint: o.endpoint,
                 meta: o.meta,
+                status: o.status,
+                since_ms: o.since_ms,
                 overwrite_repaired_at: None,
             };
             self.owned.insert((o.service, o.provider), owned);

@@ -25,7 +25,8 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
     validate_metadata, Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, Hlc, HlcClock,
-    InvalidInput, Metadata, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName, State,
+    InvalidInput, Metadata, NewRegistration, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName,
+    State, Status,
 };
 
 use crate::backoff::{Backoff, Failure};
@@ -273,6 +274,8 @@ struct Peer {
 struct Owned {
     endpoint: Endpoint,
     meta: Metadata,
+    status: Status,
+    since_ms: u64,
     /// When an overwrite of it by another node was last repaired (monotonic ms).
     overwrite_repaired_at: Option<u64>,
 }
@@ -655,28 +658,22 @@ impl Node {
         now: impl Into<Now>,
     ) -> Result<(), InvalidInput> {
         let now = self.time.input(now.into());
-        let stamp = self.clock.tick(now.wall_ms);
-        let ttl_ms = self.lease_ttl(now.wall_ms);
-        let applied = self.replica.register(
-            service.clone(),
-            provider.clone(),
-            endpoint.clone(),
-            meta.clone(),
-            ttl_ms,
-            stamp,
-        )?;
-        self.owned.insert(
-            (service, provider),
-            Owned {
-                endpoint,
-                meta,
-                overwrite_repaired_at: None,
-            },
-        );
-        self.renew_at = self.renew_at.min(now.mono_ms + ttl_ms / 2);
-        self.local_delta(applied.delta, applied.changes, now);
-        self.note_leases_shipped();
-        Ok(())
+        let key = (service, provider);
+        let (status, since_ms) = self
+            .owned
+            .get(&key)
+            .map_or((Status::passing(), now.wall_ms), |o| {
+                (o.status.clone(), o.since_ms)
+            });
+        let item = OwnedRegistration {
+            service: key.0,
+            provider: key.1,
+            endpoint,
+            meta,
+            status,
+            since_ms,
+        };
+        self.register_many(vec![item], now).map_err(|(_, e)| e)
     }
 
     /// The registry part of [`Node::with_resume`].
@@ -694,7 +691,7 @@ impl Node {
         let (mut owned, refused): (Vec<_>, Vec<_>) = resume
             .owned
             .into_iter()
-            .partition(|o| validate_metadata(&o.meta).is_ok());
+            .partition(|o| validate_metadata(&o.meta).is_ok() && o.status.validate().is_ok());
         done.refused = refused.len();
         keys.extend(owned.iter().map(|o| RegKey {
             service: o.service.clone(),
@@ -944,7 +941,15 @@ impl Node {
             }
             let stamp = self.clock.tick(now.wall_ms);
             let ttl = self.lease_ttl(now.wall_ms);
-            if let Ok(applied) = self.replica.register(s, p, o.endpoint, o.meta, ttl, stamp) {
+            let item = NewRegistration {
+                service: s,
+                provider: p,
+                endpoint: o.endpoint,
+                meta: o.meta,
+                status: o.status,
+                since_ms: o.since_ms,
+            };
+            if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
                 self.buffer.push(None, applied.delta);
                 self.schedule_push(now);
                 for c in applied.changes {

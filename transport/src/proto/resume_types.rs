@@ -1,7 +1,7 @@
 //! What a node carries across restarts: what it resumes from, what it saves for the next
 //! process, and what it reports of its peers.
 
-use roster_registry::{Endpoint, Metadata, ProviderId, RegKey, ReplicaId, ServiceName};
+use roster_registry::{Endpoint, Metadata, ProviderId, RegKey, ReplicaId, ServiceName, Status};
 
 use crate::backoff::Backoff;
 
@@ -16,6 +16,10 @@ pub struct OwnedRegistration {
     pub endpoint: Endpoint,
     /// Its metadata.
     pub meta: Metadata,
+    /// How it is doing, as this node's checks last judged it.
+    pub status: Status,
+    /// When it was first registered (wall ms), kept across updates and restarts.
+    pub since_ms: u64,
 }
 
 /// What a node resuming from disk must write again and may have written before it

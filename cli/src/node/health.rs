@@ -1,0 +1,80 @@
+//! The status of the instances a node owns: maintenance set by an operator, and the status
+//! its checks decide. A change of status is written like a registration (one replicated
+//! write, saved on disk), and only a change is: what does not change costs nothing.
+
+use roster_registry::{is_printable, Status, MAX_NOTE_LEN};
+
+use super::{Error, Node};
+use crate::store::OwnedRecord;
+
+impl Node {
+    /// Takes an instance this node owns out of reads without deregistering it (a drain
+    /// before a deploy), with `reason` shown beside it; `None` puts it back in service.
+    /// `instance` is `(service, id)`, or `None` for every instance this node owns. Kept
+    /// across restarts. Returns the instances whose status changed, as `service/id`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when this node owns no such instance; [`Error::Invalid`] for a
+    /// reason over 256 bytes or with control characters; [`Error::Store`];
+    /// [`Error::Stopped`]. Nothing changed.
+    pub async fn maintenance(
+        &self,
+        instance: Option<(&str, &str)>,
+        reason: Option<&str>,
+    ) -> Result<Vec<String>, Error> {
+        if let Some(r) = reason {
+            check_reason(r)?;
+        }
+        let targets: Vec<OwnedRecord> = {
+            let owned = self.inner.owned.lock().await;
+            match instance {
+                Some((service, id)) => {
+                    let rec = owned.get(&format!("{service}/{id}")).ok_or_else(|| {
+                        Error::NotFound(format!(
+                            "this node owns no instance {id:?} of {service:?}; `roster get {service} --all` lists them with their nodes"
+                        ))
+                    })?;
+                    vec![rec.clone()]
+                }
+                None => owned.values().cloned().collect(),
+            }
+        };
+        let mut changed = Vec::new();
+        for mut rec in targets {
+            let before = rec.effective_status();
+            rec.maintenance = reason.map(str::to_string);
+            if rec.effective_status() != before {
+                changed.push(rec.key());
+                self.rewrite(rec).await?;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Writes the status the checks of an owned instance decided, when it differs from
+    /// what is written. Returns whether it wrote.
+    pub(super) async fn set_checked_status(&self, key: &str, status: Status) -> Result<bool, Error> {
+        let rec = {
+            let owned = self.inner.owned.lock().await;
+            match owned.get(key) {
+                Some(rec) if rec.status != status => rec.clone(),
+                _ => return Ok(false),
+            }
+        };
+        let before = rec.effective_status();
+        let rec = OwnedRecord { status, ..rec };
+        let writes = rec.effective_status() != before;
+        // Saved even under maintenance (which hides it), so it is right when maintenance ends.
+        self.rewrite(rec).await?;
+        Ok(writes)
+    }
+}
+
+fn check_reason(r: &str) -> Result<(), Error> {
+    if r.len() > MAX_NOTE_LEN || !r.chars().all(is_printable) {
+        return Err(Error::Invalid(format!(
+            "a maintenance reason must be at most {MAX_NOTE_LEN} bytes of printable characters on one line"
+        )));
+    }
+    Ok(())
+}
