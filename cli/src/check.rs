@@ -140,7 +140,7 @@ impl Check {
             Probe::Tcp(addr) => validate_tcp(addr),
             Probe::Exec(argv) => {
                 if !exec_allowed {
-                    return Err("exec checks run commands and are off on this agent; start it with --enable-exec-checks, or use an http, tcp or ttl check".to_string());
+                    return Err("exec checks run commands and are off on this agent; start it with --enable-exec-checks, or use a tcp or ttl check".to_string());
                 }
                 let len: usize = argv.iter().map(String::len).sum();
                 if argv.first().is_none_or(String::is_empty) || len > MAX_TARGET_LEN {
