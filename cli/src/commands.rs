@@ -235,15 +235,8 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
     .await?
     {
         ServerMessage::Instances(list) => {
-            if list.is_empty() && all {
-                return Err(Fail::failed(format!(
-                    "no live instances of {service}; `roster ls` lists the services that have some"
-                )));
-            }
             if list.is_empty() {
-                return Err(Fail::failed(format!(
-                    "no served instances of {service}; `roster get {service} --all` shows those critical or in maintenance"
-                )));
+                return Err(none_served(c, &service, all).await);
             }
             if c.json {
                 output::json(&list.iter().map(output::instance_json).collect::<Vec<_>>());
@@ -279,6 +272,34 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
         }
         other => Err(refused(other)),
     }
+}
+
+/// Why `get` shows nothing: no live instance at all, or none served (asked again with
+/// `all`, so the error says which).
+async fn none_served(c: &ClientArgs, service: &str, all: bool) -> Fail {
+    let hidden = if all {
+        0
+    } else {
+        match ask(
+            c,
+            Request::Instances {
+                service: service.to_string(),
+                all: true,
+            },
+        )
+        .await
+        {
+            Ok(ServerMessage::Instances(l)) => l.len(),
+            _ => 0,
+        }
+    };
+    Fail::failed(if hidden == 0 {
+        format!("no live instances of {service}; `roster ls` lists the services that have some")
+    } else {
+        format!(
+            "no served instances of {service}: {hidden} critical or in maintenance; `roster get {service} --all` shows them"
+        )
+    })
 }
 
 /// `roster pass`: a TTL check's heartbeat.
