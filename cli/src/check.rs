@@ -31,8 +31,8 @@ pub const DEFAULT_SUCCESSES: u32 = 1;
 /// What a check probes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Probe {
-    /// `GET` the URL (`http://` only): a 2xx answer passes, 429 warns, anything else (or
-    /// nothing within the timeout) fails.
+    /// `GET` the URL (`http://` only): a 2xx answer passes, 429 warns, anything else (a
+    /// redirect too, or nothing within the timeout) fails.
     Http(String),
     /// Connect to `host:port`: a connection within the timeout passes.
     Tcp(String),
@@ -133,14 +133,11 @@ impl Check {
 
     fn validate_probe(&self, exec_allowed: bool) -> Result<(), String> {
         match &self.probe {
-            Probe::Http(url) => {
-                validate_http_url(url)?;
-                Err("http checks are not in this build yet; use --check-exec 'curl -fsS URL' (with --enable-exec-checks) or a tcp check".to_string())
-            }
+            Probe::Http(url) => validate_http_url(url),
             Probe::Tcp(addr) => validate_tcp(addr),
             Probe::Exec(argv) => {
                 if !exec_allowed {
-                    return Err("exec checks run commands and are off on this agent; start it with --enable-exec-checks, or use a tcp or ttl check".to_string());
+                    return Err("exec checks run commands and are off on this agent; start it with --enable-exec-checks, or use an http, tcp or ttl check".to_string());
                 }
                 let len: usize = argv.iter().map(String::len).sum();
                 if argv.first().is_none_or(String::is_empty) || len > MAX_TARGET_LEN {
@@ -316,7 +313,7 @@ mod tests {
 
     #[test]
     fn bad_checks_are_refused_with_what_to_do() {
-        let ok = Check::new(Probe::Tcp("127.0.0.1:8080".into()));
+        let ok = Check::new(Probe::Http("http://127.0.0.1:8080/health".into()));
         ok.validate(false).unwrap();
         let refused = |c: Check, exec: bool, want: &str| {
             let e = c.validate(exec).unwrap_err();

@@ -11,6 +11,9 @@ use crate::parse_duration;
 /// the timing flags apply to all of them).
 #[derive(Debug, Clone, Default, Args)]
 pub struct CheckArgs {
+    /// Check by GETting an http:// URL: 2xx passing, 429 warning, anything else critical.
+    #[arg(long, value_name = "URL")]
+    pub check_http: Vec<String>,
     /// Check by connecting to HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     pub check_tcp: Vec<String>,
@@ -47,6 +50,7 @@ impl CheckArgs {
     pub fn checks(&self) -> Result<Vec<Check>, String> {
         let interval = self.check_interval.unwrap_or(DEFAULT_CHECK_INTERVAL);
         let mut probes: Vec<(Probe, Duration)> = Vec::new();
+        probes.extend(self.check_http.iter().map(|u| (Probe::Http(u.clone()), interval)));
         probes.extend(self.check_tcp.iter().map(|a| (Probe::Tcp(a.clone()), interval)));
         for cmd in &self.check_exec {
             let argv =
@@ -59,7 +63,7 @@ impl CheckArgs {
         let uses_timing = self.check_interval.is_some() || self.check_timeout.is_some();
         if probes.is_empty() && (uses_timing || self.deregister_critical_after.is_some()) {
             return Err(
-                "the --check-* timing flags need a check: add --check-tcp, --check-exec or --check-ttl"
+                "the --check-* timing flags need a check: add --check-http, --check-tcp, --check-exec or --check-ttl"
                     .to_string(),
             );
         }

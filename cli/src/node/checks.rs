@@ -182,7 +182,8 @@ async fn probe(p: &Probe, timeout: Duration) -> (Outcome, String) {
                 Err(e) => (Outcome::Fail, format!("tcp {addr}: {e}")),
             },
             Probe::Exec(argv) => exec(argv).await,
-            Probe::Http(_) | Probe::Ttl => (Outcome::Fail, "not a probe this build runs".to_string()),
+            Probe::Http(url) => http(url).await,
+            Probe::Ttl => (Outcome::Fail, "a ttl check is not probed".to_string()),
         }
     };
     match tokio::time::timeout(timeout, run).await {
@@ -195,6 +196,59 @@ async fn probe(p: &Probe, timeout: Duration) -> (Outcome, String) {
                 humantime::format_duration(timeout)
             ),
         ),
+    }
+}
+
+/// `GET`s the URL over one HTTP/1.1 connection: 2xx passes, 429 warns, anything else
+/// fails (redirects are not followed: point the check at the answering URL).
+async fn http(url: &str) -> (Outcome, String) {
+    let fail = |why: String| (Outcome::Fail, format!("http {url}: {why}"));
+    let (host, port, path) = match crate::check::split_http_url(url) {
+        Ok(parts) => parts,
+        Err(e) => return fail(e),
+    };
+    let stream = match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+        Ok(s) => s,
+        Err(e) => return fail(e.to_string()),
+    };
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(io).await {
+        Ok(pair) => pair,
+        Err(e) => return fail(e.to_string()),
+    };
+    // The connection is driven beside the request, and dropped with it (at the timeout).
+    let drive = async move {
+        let _ = conn.await;
+        std::future::pending::<std::convert::Infallible>().await
+    };
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, authority)
+        .header(hyper::header::USER_AGENT, "roster-health-check")
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new());
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => return fail(e.to_string()),
+    };
+    let answer = tokio::select! {
+        r = sender.send_request(request) => r,
+        never = drive => match never {},
+    };
+    match answer {
+        Err(e) => fail(e.to_string()),
+        Ok(r) => {
+            let code = r.status();
+            let outcome = match code.as_u16() {
+                200..=299 => Outcome::Pass,
+                429 => Outcome::Warn,
+                _ => Outcome::Fail,
+            };
+            (outcome, format!("HTTP {code}"))
+        }
     }
 }
 

@@ -247,3 +247,59 @@ async fn exec_checks_run_only_where_enabled_and_exit_codes_decide() {
     .await;
     node.shutdown().await.unwrap();
 }
+
+/// An HTTP server on loopback answering every request with the status in `code`.
+fn http_server(code: std::sync::Arc<std::sync::atomic::AtomicU16>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let c = code.load(std::sync::atomic::Ordering::SeqCst);
+            let _ = write!(
+                s,
+                "HTTP/1.1 {c} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_check_follows_the_answer_code_with_its_thresholds() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path()).await;
+    let code = std::sync::Arc::new(AtomicU16::new(200));
+    let addr = http_server(code.clone());
+    let check = Check {
+        interval_ms: 1_000,
+        timeout_ms: 500,
+        failures: 2,
+        ..Check::new(Probe::Http(format!("http://{addr}/health")))
+    };
+    node.register_owned(Service::new("web", addr).id("w1").check(check))
+        .await
+        .unwrap();
+    eventually("passing on 200", || served(&node) == ["w1"]).await;
+    code.store(429, Ordering::SeqCst);
+    eventually("warning on 429, still served", || {
+        node.lookup("web")
+            .first()
+            .is_some_and(|i| i.status == Health::Warning)
+    })
+    .await;
+    code.store(503, Ordering::SeqCst);
+    eventually("critical after two 503s", || served(&node).is_empty()).await;
+    assert!(
+        node.lookup_all("web")[0].note.contains("503"),
+        "{:?}",
+        node.lookup_all("web")
+    );
+    code.store(204, Ordering::SeqCst);
+    eventually("passing again", || served(&node) == ["w1"]).await;
+    node.shutdown().await.unwrap();
+}
