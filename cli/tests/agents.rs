@@ -18,6 +18,9 @@ use serde_json::Value;
 /// `roster register --from-file`: many instances through a real agent, and killed mid-way.
 #[path = "agents/bulk.rs"]
 mod bulk;
+/// Health checks through real agents.
+#[path = "agents/checks.rs"]
+mod checks;
 
 const BIN: &str = env!("CARGO_BIN_EXE_roster");
 /// Agents in these tests gossip every 100 ms and hold 3 s leases, so a test runs in seconds.
