@@ -3,7 +3,10 @@
 //!
 //! A line holds the fields of `roster register`'s arguments:
 //! `{"service": "web", "address": "10.0.0.7:8080", "id": "web-1", "meta": {"zone": "a"},
-//! "ttl": "30s"}`; `service` and `address` are required. Blank lines are skipped.
+//! "ttl": "30s", "checks": [{"http": "http://10.0.0.7:8080/health", "interval": "5s"}]}`;
+//! `service` and `address` are required. Blank lines are skipped. A check names one of
+//! `http`, `tcp`, `exec` or `ttl`, and optionally `interval`, `timeout`, `failures`,
+//! `successes` and `deregister_critical_after`, as the `--check-*` flags do.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +34,56 @@ struct RawLine {
     meta: BTreeMap<String, String>,
     #[serde(default)]
     ttl: Option<String>,
+    #[serde(default)]
+    checks: Vec<RawCheck>,
+}
+
+/// One check of a line, with the names of the `--check-*` flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheck {
+    http: Option<String>,
+    tcp: Option<String>,
+    exec: Option<String>,
+    ttl: Option<String>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    failures: Option<u32>,
+    successes: Option<u32>,
+    deregister_critical_after: Option<String>,
+}
+
+impl RawCheck {
+    /// The check, checked as the flags are.
+    fn check(self) -> Result<roster::check::Check, String> {
+        let kinds = [&self.http, &self.tcp, &self.exec, &self.ttl];
+        if kinds.iter().filter(|k| k.is_some()).count() != 1 {
+            return Err("a check names exactly one of \"http\", \"tcp\", \"exec\" or \"ttl\"".to_string());
+        }
+        let duration = |name: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|t| crate::parse_duration(t).map_err(|e| format!("check {name} {t:?}: {e}")))
+                .transpose()
+        };
+        let args = crate::check_args::CheckArgs {
+            check_http: self.http.into_iter().collect(),
+            check_tcp: self.tcp.into_iter().collect(),
+            check_exec: self.exec.into_iter().collect(),
+            check_ttl: duration("ttl", &self.ttl)?,
+            check_interval: duration("interval", &self.interval)?,
+            check_timeout: duration("timeout", &self.timeout)?,
+            check_failures: self.failures.unwrap_or(roster::check::DEFAULT_FAILURES),
+            check_successes: self.successes.unwrap_or(roster::check::DEFAULT_SUCCESSES),
+            deregister_critical_after: duration(
+                "deregister_critical_after",
+                &self.deregister_critical_after,
+            )?,
+        };
+        let mut checks = args.checks()?;
+        checks
+            .pop()
+            .ok_or_else(|| "a check with nothing to check".to_string())
+    }
 }
 
 /// A checked line: its number in the file (from 1) and the instance it registers.
@@ -105,7 +158,7 @@ fn check(raw: &str) -> Result<RegisterItem, String> {
     let line: RawLine = serde_json::from_str(raw).map_err(|e| {
         format!(
             "{e}; write one JSON object a line with \"service\" and \"address\", and optionally \
-             \"id\", \"meta\" (an object of strings) and \"ttl\" (such as \"30s\")"
+             \"id\", \"meta\" (an object of strings), \"ttl\" (such as \"30s\") and \"checks\""
         )
     })?;
     ServiceName::new(&line.service).map_err(|e| e.to_string())?;
@@ -123,13 +176,25 @@ fn check(raw: &str) -> Result<RegisterItem, String> {
         }
         None => None,
     };
+    if line.checks.len() > roster::check::MAX_CHECKS {
+        return Err(format!(
+            "{} checks, more than the {} one registration may have",
+            line.checks.len(),
+            roster::check::MAX_CHECKS
+        ));
+    }
+    let checks = line
+        .checks
+        .into_iter()
+        .map(RawCheck::check)
+        .collect::<Result<_, _>>()?;
     Ok(RegisterItem {
         service: line.service,
         address: line.address,
         meta,
         instance: line.id,
         ttl_ms,
-        checks: Vec::new(),
+        checks,
     })
 }
 
@@ -228,6 +293,41 @@ mod tests {
         assert!(e.contains("line 1: unknown field `adress`"), "{e}");
         let e = error(r#"{"service": "web"}"#);
         assert!(e.contains("line 1: missing field `address`"), "{e}");
+    }
+
+    #[test]
+    fn checks_are_read_from_a_line_and_checked_as_the_flags_are() {
+        let lines = parse(
+            "f",
+            r#"{"service": "web", "address": "h:1", "checks": [{"http": "http://h:1/health", "interval": "5s", "failures": 2}, {"ttl": "30s"}]}"#,
+        )
+        .unwrap();
+        let checks = &lines[0].item.checks;
+        assert_eq!(checks.len(), 2);
+        assert_eq!(
+            checks[0].probe,
+            roster::check::Probe::Http("http://h:1/health".into())
+        );
+        assert_eq!(
+            (checks[0].interval_ms, checks[0].timeout_ms, checks[0].failures),
+            (5_000, 2_500, 2)
+        );
+        assert_eq!((checks[1].probe.kind(), checks[1].interval_ms), ("ttl", 30_000));
+        for (check, needle) in [
+            (r#"{"http": "notaurl"}"#, "is not an http URL"),
+            (r#"{"tcp": "h:1", "http": "http://h/"}"#, "exactly one of"),
+            (r#"{"interval": "5s"}"#, "exactly one of"),
+            (r#"{"tcp": "h:1", "interval": "10ms"}"#, "use 1s to 24h"),
+            (r#"{"tcp": "h:1", "every": "1s"}"#, "unknown field `every`"),
+        ] {
+            let e = error(&format!(
+                r#"{{"service": "web", "address": "h:1", "checks": [{check}]}}"#
+            ));
+            assert!(
+                e.starts_with("deploy.jsonl line 1: ") && e.contains(needle),
+                "{check}: {e}"
+            );
+        }
     }
 
     #[test]

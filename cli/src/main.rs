@@ -80,7 +80,10 @@ enum Command {
         #[arg(required_unless_present = "from_file")]
         address: Option<String>,
         /// Register the instances of a JSON-lines file ('-': stdin) instead.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["service", "address", "meta", "id", "ttl"])]
+        #[arg(long, value_name = "FILE", conflicts_with_all = [
+            "service", "address", "meta", "id", "ttl", "check_http", "check_tcp", "check_exec", "check_ttl",
+            "check_interval", "check_timeout", "check_failures", "check_successes", "deregister_critical_after",
+        ])]
         from_file: Option<PathBuf>,
         /// Metadata, KEY=VALUE (repeat for more).
         #[arg(long = "meta", value_name = "K=V")]
