@@ -91,6 +91,67 @@ impl Check {
         }
     }
 
+    /// An HTTP check of `url` (see [`Probe::Http`]), with the defaults of [`Check::new`].
+    pub fn http(url: impl Into<String>) -> Self {
+        Self::new(Probe::Http(url.into()))
+    }
+
+    /// A TCP check of `host:port`, with the defaults of [`Check::new`].
+    pub fn tcp(address: impl Into<String>) -> Self {
+        Self::new(Probe::Tcp(address.into()))
+    }
+
+    /// An exec check running `program` with `args` (no shell), with the defaults of
+    /// [`Check::new`].
+    pub fn exec<S: Into<String>>(program: impl Into<String>, args: impl IntoIterator<Item = S>) -> Self {
+        let argv = std::iter::once(program.into())
+            .chain(args.into_iter().map(Into::into))
+            .collect();
+        Self::new(Probe::Exec(argv))
+    }
+
+    /// A TTL check: the instance must pass ([`crate::Node::pass`]) at least once per `ttl`.
+    pub fn ttl(ttl: Duration) -> Self {
+        Self::new(Probe::Ttl).every(ttl)
+    }
+
+    /// Probes every `interval` (a TTL check: its TTL), with a timeout of half of it unless
+    /// [`Check::timeout`] says otherwise after this.
+    #[must_use]
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval_ms = millis(interval);
+        self.timeout_ms = self.interval_ms / 2;
+        self
+    }
+
+    /// How long a probe may take.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = millis(timeout);
+        self
+    }
+
+    /// Failures in a row before the instance is critical.
+    #[must_use]
+    pub fn failures(mut self, n: u32) -> Self {
+        self.failures = n;
+        self
+    }
+
+    /// Successes in a row before a critical instance passes again.
+    #[must_use]
+    pub fn successes(mut self, n: u32) -> Self {
+        self.successes = n;
+        self
+    }
+
+    /// Deregisters the instance once this check has been critical for `after`.
+    #[must_use]
+    pub fn deregister_critical_after(mut self, after: Duration) -> Self {
+        self.deregister_after_ms = Some(millis(after));
+        self
+    }
+
     /// Checks every field; `exec_allowed` says whether this node runs exec checks.
     ///
     /// # Errors

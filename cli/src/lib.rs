@@ -33,6 +33,7 @@ mod node;
 mod server;
 pub mod store;
 
+pub use check::Check;
 pub use node::{
     check_ttl, CrashGuard, Error, Event, Instance, Node, NodeBuilder, Registration, Service, Watch,
     DEFAULT_AGENT_URL, DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD, DEFAULT_LEASE_TTL, DEFAULT_LISTEN,

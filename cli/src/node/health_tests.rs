@@ -106,11 +106,7 @@ async fn maintenance_takes_an_instance_out_of_reads_keeps_it_registered_and_surv
 async fn a_ttl_check_serves_the_instance_while_it_passes_and_a_pass_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path()).await;
-    let ttl = Check {
-        interval_ms: 1_000,
-        failures: 1,
-        ..Check::new(Probe::Ttl)
-    };
+    let ttl = Check::ttl(Duration::from_secs(1));
     let svc = Service::new("web", "127.0.0.1:81").id("w1").check(ttl);
     node.register_owned(svc).await.unwrap();
     assert!(served(&node).is_empty(), "not served before its first pass");
@@ -157,13 +153,10 @@ async fn a_tcp_check_turns_critical_when_nothing_listens_and_deregisters_after_i
     let node = start(dir.path()).await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let check = Check {
-        interval_ms: 1_000,
-        timeout_ms: 500,
-        failures: 2,
-        deregister_after_ms: Some(1_000),
-        ..Check::new(Probe::Tcp(addr.clone()))
-    };
+    let check = Check::tcp(addr.clone())
+        .every(Duration::from_secs(1))
+        .failures(2)
+        .deregister_critical_after(Duration::from_secs(1));
     node.register_owned(Service::new("web", addr).id("w1").check(check))
         .await
         .unwrap();
