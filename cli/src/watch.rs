@@ -128,14 +128,15 @@ fn up(c: &ClientArgs, shown: &mut Shown, i: InstanceView) {
             "note": i.note,
         }));
     } else {
-        output::text_line(&format!(
+        let line = format!(
             "{event:<6}{}  {}  {}  {}  {}",
             i.service,
             i.instance,
             i.address,
             i.status,
             output::meta_line(&i.meta)
-        ));
+        );
+        output::text_line(line.trim_end());
     }
     shown.insert(i.instance.clone(), i);
 }
