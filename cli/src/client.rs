@@ -16,6 +16,10 @@ use crate::api::{
     NONCE_LEN,
 };
 
+mod watch;
+
+pub use watch::{RemoteWatch, WatchError, WatchEvent};
+
 /// How long connecting and authenticating may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an answer may take.

@@ -10,7 +10,8 @@ use roster::transport::handshake::Secret;
 
 use crate::{bulk_file, output, ClientArgs, Fail};
 
-pub(crate) async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
+/// What `--agent`, `--cluster-secret-file` and the TLS flags ask for, checked and loaded.
+pub(crate) fn settings(c: &ClientArgs) -> Result<(Option<Secret>, Option<ClientTls>), Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
         return Err(Fail::usage(format!(
             "--agent {:?} is not ws://host:port or wss://host:port",
@@ -46,6 +47,11 @@ pub(crate) async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
         Some(p) => Some(Secret::new(crate::agent::read_secret(p)?).map_err(|e| Fail::usage(e.to_string()))?),
         None => None,
     };
+    Ok((secret, tls))
+}
+
+pub(crate) async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
+    let (secret, tls) = settings(c)?;
     Client::connect_tls(&c.agent, secret.as_ref(), tls.as_ref())
         .await
         .map_err(from_client)

@@ -48,6 +48,9 @@ mod transport_links;
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 
+/// A watch through an agent that goes on across the agent's restart.
+mod remote_watch;
+
 /// The replica saved entry by entry loads as it was saved, whatever the changes and crashes.
 mod store_props;
 
