@@ -947,7 +947,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         (
             vec!["register", "web", "127.0.0.1:80", "--id", "a/b"],
             2,
-            "provider id",
+            "instance id",
         ),
         (
             vec!["register", "web", "127.0.0.1:80", "--ttl", "soon"],

@@ -13,7 +13,7 @@ pub enum InvalidInput {
         why: &'static str,
     },
     /// A provider id broke the rules.
-    #[error("invalid provider id {id:?}: {why}")]
+    #[error("invalid instance id {id:?}: {why}")]
     ProviderId {
         /// The id, shortened and escaped for display.
         id: String,

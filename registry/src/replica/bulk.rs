@@ -147,7 +147,8 @@ mod tests {
             ProviderId::new(provider).unwrap(),
             Endpoint::new("10.0.0.1", port).unwrap(),
             Metadata::default(),
-            1,
+            // As `Replica::register` at the tests' time: first registered when written.
+            1_000,
         )
     }
 
