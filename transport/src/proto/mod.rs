@@ -24,12 +24,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    validate_metadata, Bounds, CausalContext, Change, ClockSkew, Dot, ElidedError, Endpoint, Hlc, HlcClock,
-    InvalidInput, Metadata, NewRegistration, ProviderId, Refusal, RegKey, Replica, ReplicaId, ServiceName,
-    State, Status,
+    Bounds, CausalContext, Change, ClockSkew, Dot, Hlc, HlcClock, InvalidInput, Metadata, ProviderId,
+    Refusal, Replica, ReplicaId, ServiceName,
 };
 
-use crate::backoff::{Backoff, Failure};
+use crate::backoff::Backoff;
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Envelope, Message, MessageError};
 
@@ -38,12 +37,22 @@ mod bulk;
 mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
+mod dispatch;
+mod guard;
 mod liveness;
+mod membership;
+mod ownership;
 mod pacing;
+mod resume;
 mod resume_types;
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
+
+use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
+use membership::{member_provider, members_service};
+pub use membership::{url_endpoint, MEMBERS_SERVICE};
+use ownership::Owned;
 
 pub use config::Config;
 pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume, Resumed};
@@ -51,16 +60,9 @@ pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume,
 pub use time::Now;
 use time::WallGuard;
 
-/// The service every roster node registers itself under.
-pub const MEMBERS_SERVICE: &str = "roster";
-
 /// The most dots a full sync may teach us for us to forward what it taught as a delta;
 /// past that, peers are asked for their digests instead.
 pub const MAX_FORWARD_DOTS: usize = 100_000;
-
-/// The most own registrations a resuming node writes again in one delta (well within
-/// what a peer takes in one, `MAX_DELTA_ENTRIES`).
-const RESUME_BATCH: usize = 10_000;
 
 /// The most seed URLs a node keeps (given at start, or learnt from redirects).
 pub const MAX_SEEDS: usize = 32;
@@ -77,14 +79,6 @@ const SEED_SETTLE_ROUNDS: u64 = 5;
 /// For this long after its start, a node dials the seeds it has not reached and no known
 /// member stands at, even while connected (see `dial_more`).
 const SEED_RETRY_MS: u64 = 5 * 60 * 1000;
-
-/// Under the crash-loop guard, a failed dial backs off as if it had failed this many times
-/// already: the long backoff (the cap) from the first failure.
-const GUARDED_FAILURES: u32 = 8;
-
-/// Under the crash-loop guard, this node's leases are written this many times longer,
-/// so a connection now and then keeps what it owns alive (at most 24 h).
-const GUARDED_LEASE_FACTOR: u64 = 4;
 
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
@@ -269,22 +263,6 @@ struct Peer {
     last_seen_ms: u64,
 }
 
-/// One registration this node owns and keeps alive.
-#[derive(Debug, Clone)]
-struct Owned {
-    endpoint: Endpoint,
-    meta: Metadata,
-    status: Status,
-    since_ms: u64,
-    /// When an overwrite of it by another node was last repaired (monotonic ms).
-    overwrite_repaired_at: Option<u64>,
-}
-
-/// The least time between two repairs of an overwrite of one owned instance by another
-/// node: two nodes that both believe they own it (registered at the same moment through
-/// two agents) take it from each other at this pace, not in a storm.
-const OVERWRITE_REPAIR_MS: u64 = 10_000;
-
 /// The protocol state machine of one roster node.
 #[derive(Debug)]
 pub struct Node {
@@ -343,33 +321,6 @@ pub struct Node {
     base_valid: bool,
 }
 
-fn member_provider(id: ReplicaId) -> ProviderId {
-    match ProviderId::new(&format!("node-{id}")) {
-        Ok(p) => p,
-        Err(e) => unreachable!("a hex replica id is a valid provider id: {e}"),
-    }
-}
-
-fn members_service() -> ServiceName {
-    match ServiceName::new(MEMBERS_SERVICE) {
-        Ok(s) => s,
-        Err(e) => unreachable!("the members service name is valid: {e}"),
-    }
-}
-
-/// The host and port of a `ws://` or `wss://` URL.
-///
-/// # Errors
-/// [`InvalidInput::Endpoint`] when the URL has no host or port.
-pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
-    let rest = url
-        .strip_prefix("ws://")
-        .or_else(|| url.strip_prefix("wss://"))
-        .unwrap_or(url);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    Endpoint::parse(authority)
-}
-
 impl Node {
     /// A node resuming `replica` (empty for a new node), known as `me`, that will dial
     /// `seeds` to join. `seed` drives every random choice; `now` is the time (both clocks,
@@ -388,61 +339,6 @@ impl Node {
         now: impl Into<Now>,
     ) -> Result<Self, InvalidInput> {
         Self::with_resume(me, replica, seeds, cfg, seed, now, Resume::default()).map(|(n, _)| n)
-    }
-
-    /// A node picking up where a previous process of it left off, before it talks to any
-    /// peer (it dials only after): it takes back what that process knew of its peers
-    /// (backoffs, so it dials no sooner than the old one would have), writes its own
-    /// registrations again (peers see an update, never a removal), removes registrations
-    /// it wrote but no longer owns (a removal lost in a crash), and claims the counters
-    /// between its saved state and its floor (`Replica::close_gap`) over every key it
-    /// could have written.
-    ///
-    /// # Errors
-    /// As [`Node::new`].
-    pub fn with_resume(
-        me: NodeInfo,
-        replica: Replica,
-        seeds: impl IntoIterator<Item = String>,
-        cfg: Config,
-        seed: u64,
-        now: impl Into<Now>,
-        resume: Resume,
-    ) -> Result<(Self, Resumed), InvalidInput> {
-        let now: Now = now.into();
-        let (mut node, resume) = Self::with_deferred_resume(me, replica, seeds, cfg, seed, now, resume)?;
-        let resumed = node.finish_resume(resume, now);
-        Ok((node, resumed))
-    }
-
-    /// [`Node::with_resume`] without writing its own registrations again yet: a caller
-    /// that serves reads from the replica as loaded meanwhile (a restart with 100,000
-    /// owned spent about 1.3 s of its 2 s before the first read on that). Gives back the
-    /// `resume` for [`Node::finish_resume`], which must come before any other input and
-    /// before any output is acted on: the node must not talk to a peer before.
-    ///
-    /// # Errors
-    /// As [`Node::with_resume`].
-    pub fn with_deferred_resume(
-        me: NodeInfo,
-        replica: Replica,
-        seeds: impl IntoIterator<Item = String>,
-        cfg: Config,
-        seed: u64,
-        now: impl Into<Now>,
-        resume: Resume,
-    ) -> Result<(Self, Resume), InvalidInput> {
-        let now: Now = now.into();
-        let (mut node, resume) = Self::build(me, replica, seeds, cfg, seed, now, resume)?;
-        node.dial_more(now);
-        Ok((node, resume))
-    }
-
-    /// Writes again the registrations `resume` names as owned (see
-    /// [`Node::with_deferred_resume`]); its other fields were taken at the start.
-    pub fn finish_resume(&mut self, resume: Resume, now: impl Into<Now>) -> Resumed {
-        let now = self.time.input(now.into());
-        self.resume(resume, now)
     }
 
     /// The node [`Node::with_deferred_resume`] makes, with its membership written, before it writes
@@ -624,115 +520,6 @@ impl Node {
         self.conns.values().map(|c| (c.peer, c.outbound)).collect()
     }
 
-    /// The live members other than this node, by id, with their URL and name.
-    pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
-        let service = members_service();
-        self.replica
-            .instances(&service, now_ms)
-            .filter_map(|i| {
-                let id = i
-                    .provider
-                    .as_str()
-                    .strip_prefix("node-")
-                    .and_then(|h| u64::from_str_radix(h, 16).ok())?;
-                let id = ReplicaId(id);
-                let url = i.registration.meta.get("url")?.to_string();
-                let name = i.registration.meta.get("name").unwrap_or_default().to_string();
-                (id != self.me.id).then_some((id, url, name))
-            })
-            .collect()
-    }
-
-    /// Registers (or updates) an instance this node owns and keeps alive: it lives by this
-    /// node's lease (which the node renews, one renewal for all it owns), and is written
-    /// again if a peer's sweep removes it or another node writes over it.
-    ///
-    /// # Errors
-    /// [`InvalidInput`] when the metadata or TTL break a limit; nothing changes.
-    pub fn register(
-        &mut self,
-        service: ServiceName,
-        provider: ProviderId,
-        endpoint: Endpoint,
-        meta: Metadata,
-        now: impl Into<Now>,
-    ) -> Result<(), InvalidInput> {
-        let now = self.time.input(now.into());
-        let key = (service, provider);
-        let (status, since_ms) = self
-            .owned
-            .get(&key)
-            .map_or((Status::passing(), now.wall_ms), |o| {
-                (o.status.clone(), o.since_ms)
-            });
-        let item = OwnedRegistration {
-            service: key.0,
-            provider: key.1,
-            endpoint,
-            meta,
-            status,
-            since_ms,
-        };
-        self.register_many(vec![item], now).map_err(|(_, e)| e)
-    }
-
-    /// The registry part of [`Node::with_resume`].
-    fn resume(&mut self, resume: Resume, now: Now) -> Resumed {
-        let mut done = Resumed::default();
-        let me = self.me.id;
-        let member = (members_service(), member_provider(me));
-        let mut keys: BTreeSet<RegKey> = resume.removed.into_iter().collect();
-        keys.insert(RegKey {
-            service: member.0.clone(),
-            provider: member.1.clone(),
-        });
-        // In bulk: one delta per batch, not one per registration (100,000 one by one took
-        // about 2 s before a restarted node served reads).
-        let (mut owned, refused): (Vec<_>, Vec<_>) = resume
-            .owned
-            .into_iter()
-            .partition(|o| validate_metadata(&o.meta).is_ok() && o.status.validate().is_ok());
-        done.refused = refused.len();
-        keys.extend(owned.iter().map(|o| RegKey {
-            service: o.service.clone(),
-            provider: o.provider.clone(),
-        }));
-        while !owned.is_empty() {
-            let batch: Vec<OwnedRegistration> = owned.drain(..owned.len().min(RESUME_BATCH)).collect();
-            let n = batch.len();
-            match self.register_many(batch, now) {
-                Ok(()) => done.rewritten += n,
-                Err(_) => done.refused += n,
-            }
-        }
-        let stale: Vec<RegKey> = if resume.drop_unowned {
-            self.replica.state().written_by(me)
-        } else {
-            Vec::new()
-        };
-        let stale: Vec<(ServiceName, ProviderId)> = stale
-            .into_iter()
-            .filter(|k| !self.owned.contains_key(&(k.service.clone(), k.provider.clone())))
-            .map(|k| (k.service, k.provider))
-            .collect();
-        for (s, p) in stale {
-            keys.insert(RegKey {
-                service: s.clone(),
-                provider: p.clone(),
-            });
-            if self.deregister(&s, &p, now) {
-                done.removed += 1;
-            }
-        }
-        // A lease of ours issued after now (by a clock that ran ahead, since fixed) was
-        // issued again at now when the membership was registered, before this.
-        done.gap = self.replica.unclaimed_gap();
-        if let Some(applied) = self.replica.close_gap(keys, now.wall_ms) {
-            self.local_delta(applied.delta, applied.changes, now);
-        }
-        done
-    }
-
     /// Asks a connected peer for an anti-entropy round (a digest exchange) at once.
     /// Returns whether a peer was connected to ask.
     pub fn sync_now(&mut self, now: impl Into<Now>) -> bool {
@@ -744,82 +531,6 @@ impl Node {
             }
             _ => false,
         }
-    }
-
-    /// Turns the crash-loop guard on or off. Under it the node keeps only the essential
-    /// work (its own registrations and lease, reads, receiving deltas): at most one
-    /// outbound connection, no rotation, the long backoff after a failed dial, and no full
-    /// state sent unless a peer asks for one (`NeedFull`).
-    pub fn set_crash_guard(&mut self, on: bool, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
-        self.guarded = on;
-        if !on {
-            self.dial_more(now);
-        }
-    }
-
-    /// The TTL of this node's lease: the member lease, or more in a large cluster (see
-    /// [`Config::lease_per_member_ms`]), and longer under the crash guard.
-    fn lease_ttl(&self, now_ms: u64) -> u64 {
-        // The live members this node sees (itself among them), counted without copying
-        // their URLs and names: this runs on every registration.
-        let seen = self.replica.instances(&members_service(), now_ms).count() as u64;
-        let members = seen.max(1).next_power_of_two();
-        let ttl_ms = self
-            .cfg
-            .member_lease_ttl_ms
-            .max(members.saturating_mul(self.cfg.lease_per_member_ms))
-            .min(roster_registry::MAX_LEASE_TTL_MS);
-        if self.guarded {
-            ttl_ms
-                .saturating_mul(GUARDED_LEASE_FACTOR)
-                .min(roster_registry::MAX_LEASE_TTL_MS)
-        } else {
-            ttl_ms
-        }
-    }
-
-    /// Whether the crash-loop guard is on.
-    pub fn crash_guard(&self) -> bool {
-        self.guarded
-    }
-
-    /// What this process knows of its peers and seeds, to save for the next one.
-    pub fn memory(&self) -> Memory {
-        let peers = self
-            .peers
-            .iter()
-            .map(|(id, p)| PeerMemory {
-                id: *id,
-                url: p.url.clone(),
-                name: p.name.clone(),
-                // Kept in monotonic time; saved in wall time, by the last input's offset.
-                backoff: self.time.backoff_to_wall(p.backoff),
-                full_sent_at: p.full_sent_at.map(|t| self.time.wall_of(t)),
-            })
-            .collect();
-        let seeds = self
-            .seeds
-            .iter()
-            .map(|(u, (b, _))| (u.clone(), self.time.backoff_to_wall(*b)))
-            .collect();
-        Memory {
-            peers,
-            seeds,
-            leases_shipped: self.leases_shipped,
-        }
-    }
-
-    /// Notes how long connected peers will hold this node's lease (called when it changes
-    /// while connected, and when a connection opens: the push ships it).
-    pub(super) fn note_leases_shipped(&mut self) {
-        if self.conns.is_empty() || self.owned.is_empty() {
-            return;
-        }
-        self.leases_shipped = self
-            .replica
-            .lease_of(self.me.id)
-            .map(|l| (l.deadline_ms(), l.ttl_ms));
     }
 
     /// Whether the buffered deltas after `acked` (but those learnt from `peer`) bring a peer
@@ -866,97 +577,6 @@ impl Node {
             .filter(|(_, p)| p.digest.as_ref().is_some_and(|d| d.contains(dot)))
             .map(|(id, _)| *id)
             .collect()
-    }
-
-    /// Every other node this node knows of: live members, connected peers, and peers it
-    /// lost lately.
-    pub fn known_peers(&self) -> Vec<KnownPeer> {
-        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        self.peers
-            .iter()
-            .map(|(id, p)| KnownPeer {
-                id: *id,
-                url: p.url.clone().or_else(|| p.advertised.clone()),
-                name: p.name.clone(),
-                last_seen_ms: p.last_seen_ms,
-                connected: connected.contains(id),
-            })
-            .collect()
-    }
-
-    /// Removes an instance this node owns. Returns whether there was one.
-    pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now: impl Into<Now>) -> bool {
-        let now = self.time.input(now.into());
-        let owned = self.owned.remove(&(service.clone(), provider.clone())).is_some();
-        match self
-            .replica
-            .deregister(service.clone(), provider.clone(), now.wall_ms)
-        {
-            Some(applied) => {
-                self.local_delta(applied.delta, applied.changes, now);
-                true
-            }
-            None => owned,
-        }
-    }
-
-    pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now: Now) {
-        self.buffer.push(None, delta);
-        self.schedule_push(now);
-        self.emit_changes(changes, now);
-    }
-
-    fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
-        let mut lost = Vec::new();
-        for c in changes {
-            match &c {
-                Change::Down { service, provider } => {
-                    if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
-                        lost.push((service.clone(), provider.clone(), o.clone()));
-                    }
-                }
-                Change::Up(i) if i.node != self.me.id => {
-                    let key = (i.service.clone(), i.provider.clone());
-                    if let Some(o) = self.owned.get_mut(&key) {
-                        let due = o
-                            .overwrite_repaired_at
-                            .is_none_or(|t| now.mono_ms >= t + OVERWRITE_REPAIR_MS);
-                        if due {
-                            o.overwrite_repaired_at = Some(now.mono_ms);
-                            self.counters.overwrites_repaired += 1;
-                            lost.push((key.0, key.1, o.clone()));
-                        }
-                    }
-                }
-                Change::Up(_) => {}
-            }
-            self.outputs.push_back(Output::Event(c));
-        }
-        // A peer's sweep removed a registration we still hold (its lease looked ended
-        // there), or another node wrote over it: write it again. Our own replica is the
-        // source of truth for what we own.
-        for (s, p, o) in lost {
-            if self.stopping {
-                break;
-            }
-            let stamp = self.clock.tick(now.wall_ms);
-            let ttl = self.lease_ttl(now.wall_ms);
-            let item = NewRegistration {
-                service: s,
-                provider: p,
-                endpoint: o.endpoint,
-                meta: o.meta,
-                status: o.status,
-                since_ms: o.since_ms,
-            };
-            if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
-                self.buffer.push(None, applied.delta);
-                self.schedule_push(now);
-                for c in applied.changes {
-                    self.outputs.push_back(Output::Event(c));
-                }
-            }
-        }
     }
 
     /// Pushes are spaced `push_delay` apart and paced to `push_rate`: a delta after a
@@ -1066,30 +686,6 @@ impl Node {
         (d * 3 / 4 + self.rng.random_range(0..=d / 2)).max(1)
     }
 
-    /// Renews this node's lease: one small delta for everything it owns.
-    fn renew(&mut self, now: Now) {
-        let mut next = u64::MAX;
-        if !self.owned.is_empty() {
-            let stamp = self.clock.tick(now.wall_ms);
-            let ttl = self.lease_ttl(now.wall_ms);
-            if let Ok(applied) = self.replica.renew(ttl, stamp) {
-                self.buffer.push(None, applied.delta);
-                self.schedule_push(now);
-            }
-            next = ttl / 2;
-        }
-        self.note_leases_shipped();
-        // Three eighths to a half of the TTL, drawn anew each time: nodes started
-        // together (a fleet rollout, a healed partition) do not renew in lockstep. Half a
-        // lease is left for the renewal to arrive: a push takes milliseconds, and a lost
-        // one is sent again at the next gossip round. (Renewing every third of the lease
-        // cost a third more idle traffic, for margin nobody needed.)
-        self.renew_at = match next {
-            u64::MAX => u64::MAX,
-            half => now.mono_ms + half - self.rng.random_range(0..=half / 4),
-        };
-    }
-
     /// Tells watchers of instances whose lease ended since the last check: reads hide them
     /// at once, but no delta says so until a sweep (after the hold-off, and then the join
     /// sees them already hidden).
@@ -1124,156 +720,6 @@ impl Node {
         if let Some(applied) = self.replica.expire(now.wall_ms, self.cfg.expire_grace_ms) {
             self.local_delta(applied.delta, applied.changes, now);
         }
-    }
-
-    /// The peer on `conn`, if the connection is open.
-    pub fn peer_on(&self, conn: ConnId) -> Option<ReplicaId> {
-        self.conns.get(&conn).map(|c| c.peer)
-    }
-
-    /// A message arrived on `conn`.
-    ///
-    /// # Errors
-    /// [`ProtocolError`] when it cannot be used; the driver closes the connection with the
-    /// error as reason. Nothing in the replica changed.
-    pub fn handle_message(
-        &mut self,
-        conn: ConnId,
-        envelope: Envelope,
-        now: impl Into<Now>,
-    ) -> Result<(), ProtocolError> {
-        let now = self.time.input(now.into());
-        let Some(peer) = self.conns.get(&conn).map(|c| c.peer) else {
-            return Err(ProtocolError::UnknownConnection(conn));
-        };
-        self.counters.messages_received += 1;
-        let result = self.handle(conn, peer, envelope, now);
-        self.note_synced(peer);
-        if let Err(e) = &result {
-            if let ProtocolError::Refused(_) = e {
-                self.counters.states_refused += 1;
-            }
-            if e.closes() {
-                self.counters.refused += 1;
-                self.close(conn, &e.to_string(), now);
-            }
-        }
-        result
-    }
-
-    fn handle(
-        &mut self,
-        conn: ConnId,
-        peer: ReplicaId,
-        envelope: Envelope,
-        now: Now,
-    ) -> Result<(), ProtocolError> {
-        self.clock
-            .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
-        self.heard_from(peer);
-        match envelope.message {
-            Message::Digest { ctx, reply, state } => {
-                let theirs = message::decode_digest(&ctx)?;
-                self.refute(&theirs, now);
-                let ours = self.replica.context().clone();
-                let p = self.peers.entry(peer).or_default();
-                p.digest = Some(Box::new(theirs.clone()));
-                p.digest_sent_at = None;
-                // A digest that asks, from a peer in step: answer with the hashes, or it
-                // would ask again every repair round (see `on_digest_hash`).
-                if let Some(hash) = state {
-                    if self.adopt_equal(peer, &theirs, &ours, hash) && !reply {
-                        self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
-                    }
-                }
-                if !theirs.includes(&ours) {
-                    // They lack something: from the buffer if it covers them, else in full.
-                    // A full state already on its way (not yet acknowledged) is not sent
-                    // again: a large one takes the peer a while to join, and digests it
-                    // sent meanwhile would otherwise each cost another.
-                    let acked = self.peers.get(&peer).and_then(|p| p.acked);
-                    let in_flight = self.full_in_flight(peer, now);
-                    match acked {
-                        // Only if what came after its acknowledgement is all it lacks: a
-                        // peer that acknowledged a delta and was killed before saving it
-                        // comes back without it, and the deltas after would never bring it.
-                        Some(a)
-                            if self.buffer.covers(a)
-                                && a < self.buffer.head()
-                                && self.deltas_since_fill(a, peer, &theirs, &ours) =>
-                        {
-                            self.sync_peer(peer, false, now)
-                        }
-                        // Under the crash-loop guard, no full state unless the peer asks.
-                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now),
-                        _ if in_flight || self.guarded => {}
-                        _ => self.send_full(peer, &theirs, now),
-                    }
-                }
-                if !reply && !ours.includes(&theirs) {
-                    self.send(conn, Message::digest(&ours, true, None), now);
-                }
-            }
-            Message::Delta { seq, delta } => {
-                let delta = message::decode_delta(&delta)?;
-                self.peers.entry(peer).or_default().digest_sent_at = None;
-                self.admit(&delta, now)?;
-                self.apply(peer, delta, now);
-                self.owe_ack(conn, seq, now);
-            }
-            Message::Elided { seq, elided } => {
-                let elided = message::decode_elided(&elided)?;
-                self.peers.entry(peer).or_default().digest_sent_at = None;
-                self.counters.full_syncs_received += 1;
-                match elided.into_state(self.replica.state()) {
-                    Ok(full) => {
-                        self.admit(&full, now)?;
-                        self.apply(peer, full, now);
-                        self.owe_ack(conn, seq, now);
-                    }
-                    Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now),
-                    Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
-                }
-            }
-            Message::Ack { seq } => self.on_ack(peer, seq, now),
-            // At most one full state per pause, however often a peer asks: a request of a
-            // few bytes must not buy a registry's worth of them each time.
-            Message::NeedFull if !self.full_in_flight(peer, now) => {
-                self.send_full(peer, &CausalContext::new(), now)
-            }
-            Message::NeedFull => {}
-            Message::Redirect { urls } => {
-                // Learn them as seeds (bounded), and come back to this peer later.
-                for url in urls {
-                    if self.seeds.len() >= MAX_SEEDS {
-                        break;
-                    }
-                    self.seeds.entry(url).or_insert((Backoff::default(), false));
-                }
-                let draw = self.rng.random::<u64>();
-                let policy = self.cfg.backoff;
-                let full = Failure::RetryAfter(policy.cap_ms);
-                let p = self.peers.entry(peer).or_default();
-                p.backoff.fail(&policy, full, now.mono_ms, draw);
-                // Dialed as a seed: that address waits too, so we try the others first.
-                let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
-                if let Some((b, _)) = seed.and_then(|u| self.seeds.get_mut(&u)) {
-                    b.fail(&policy, full, now.mono_ms, draw);
-                }
-            }
-            // The periodic exchange: a digest only when the contexts differ.
-            Message::DigestHash { hash, state } => self.on_digest_hash(peer, hash, state, now),
-            Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
-            Message::ProbeAck { node, connected } => self.on_probe_ack(node, connected),
-            Message::Goodbye { .. } => {
-                self.forget_conn(conn, now);
-                self.outputs.push_back(Output::Close {
-                    conn,
-                    reason: "peer said goodbye".to_string(),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Leaves the cluster gracefully: removes everything this node owns (its membership

@@ -1,0 +1,192 @@
+//! Registrations this node owns: writing and removing them, writing them again when a
+//! peer's sweep or another node's write takes them, and renewing the lease they live by.
+
+use rand::RngExt;
+use roster_registry::{
+    Change, Endpoint, InvalidInput, Metadata, NewRegistration, ProviderId, ServiceName, State, Status,
+};
+
+use super::{members_service, Node, Now, Output, OwnedRegistration, GUARDED_LEASE_FACTOR};
+
+/// One registration this node owns and keeps alive.
+#[derive(Debug, Clone)]
+pub(super) struct Owned {
+    pub(super) endpoint: Endpoint,
+    pub(super) meta: Metadata,
+    pub(super) status: Status,
+    pub(super) since_ms: u64,
+    /// When an overwrite of it by another node was last repaired (monotonic ms).
+    pub(super) overwrite_repaired_at: Option<u64>,
+}
+
+/// The least time between two repairs of an overwrite of one owned instance by another
+/// node: two nodes that both believe they own it (registered at the same moment through
+/// two agents) take it from each other at this pace, not in a storm.
+pub(super) const OVERWRITE_REPAIR_MS: u64 = 10_000;
+
+impl Node {
+    /// Registers (or updates) an instance this node owns and keeps alive: it lives by this
+    /// node's lease (which the node renews, one renewal for all it owns), and is written
+    /// again if a peer's sweep removes it or another node writes over it.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] when the metadata or TTL break a limit; nothing changes.
+    pub fn register(
+        &mut self,
+        service: ServiceName,
+        provider: ProviderId,
+        endpoint: Endpoint,
+        meta: Metadata,
+        now: impl Into<Now>,
+    ) -> Result<(), InvalidInput> {
+        let now = self.time.input(now.into());
+        let key = (service, provider);
+        let (status, since_ms) = self
+            .owned
+            .get(&key)
+            .map_or((Status::passing(), now.wall_ms), |o| {
+                (o.status.clone(), o.since_ms)
+            });
+        let item = OwnedRegistration {
+            service: key.0,
+            provider: key.1,
+            endpoint,
+            meta,
+            status,
+            since_ms,
+        };
+        self.register_many(vec![item], now).map_err(|(_, e)| e)
+    }
+
+    /// Removes an instance this node owns. Returns whether there was one.
+    pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now: impl Into<Now>) -> bool {
+        let now = self.time.input(now.into());
+        let owned = self.owned.remove(&(service.clone(), provider.clone())).is_some();
+        match self
+            .replica
+            .deregister(service.clone(), provider.clone(), now.wall_ms)
+        {
+            Some(applied) => {
+                self.local_delta(applied.delta, applied.changes, now);
+                true
+            }
+            None => owned,
+        }
+    }
+
+    pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now: Now) {
+        self.buffer.push(None, delta);
+        self.schedule_push(now);
+        self.emit_changes(changes, now);
+    }
+
+    pub(super) fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
+        let mut lost = Vec::new();
+        for c in changes {
+            match &c {
+                Change::Down { service, provider } => {
+                    if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
+                        lost.push((service.clone(), provider.clone(), o.clone()));
+                    }
+                }
+                Change::Up(i) if i.node != self.me.id => {
+                    let key = (i.service.clone(), i.provider.clone());
+                    if let Some(o) = self.owned.get_mut(&key) {
+                        let due = o
+                            .overwrite_repaired_at
+                            .is_none_or(|t| now.mono_ms >= t + OVERWRITE_REPAIR_MS);
+                        if due {
+                            o.overwrite_repaired_at = Some(now.mono_ms);
+                            self.counters.overwrites_repaired += 1;
+                            lost.push((key.0, key.1, o.clone()));
+                        }
+                    }
+                }
+                Change::Up(_) => {}
+            }
+            self.outputs.push_back(Output::Event(c));
+        }
+        // A peer's sweep removed a registration we still hold (its lease looked ended
+        // there), or another node wrote over it: write it again. Our own replica is the
+        // source of truth for what we own.
+        for (s, p, o) in lost {
+            if self.stopping {
+                break;
+            }
+            let stamp = self.clock.tick(now.wall_ms);
+            let ttl = self.lease_ttl(now.wall_ms);
+            let item = NewRegistration {
+                service: s,
+                provider: p,
+                endpoint: o.endpoint,
+                meta: o.meta,
+                status: o.status,
+                since_ms: o.since_ms,
+            };
+            if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
+                self.buffer.push(None, applied.delta);
+                self.schedule_push(now);
+                for c in applied.changes {
+                    self.outputs.push_back(Output::Event(c));
+                }
+            }
+        }
+    }
+
+    /// Renews this node's lease: one small delta for everything it owns.
+    pub(super) fn renew(&mut self, now: Now) {
+        let mut next = u64::MAX;
+        if !self.owned.is_empty() {
+            let stamp = self.clock.tick(now.wall_ms);
+            let ttl = self.lease_ttl(now.wall_ms);
+            if let Ok(applied) = self.replica.renew(ttl, stamp) {
+                self.buffer.push(None, applied.delta);
+                self.schedule_push(now);
+            }
+            next = ttl / 2;
+        }
+        self.note_leases_shipped();
+        // Three eighths to a half of the TTL, drawn anew each time: nodes started
+        // together (a fleet rollout, a healed partition) do not renew in lockstep. Half a
+        // lease is left for the renewal to arrive: a push takes milliseconds, and a lost
+        // one is sent again at the next gossip round. (Renewing every third of the lease
+        // cost a third more idle traffic, for margin nobody needed.)
+        self.renew_at = match next {
+            u64::MAX => u64::MAX,
+            half => now.mono_ms + half - self.rng.random_range(0..=half / 4),
+        };
+    }
+
+    /// The TTL of this node's lease: the member lease, or more in a large cluster (see
+    /// [`Config::lease_per_member_ms`]), and longer under the crash guard.
+    pub(super) fn lease_ttl(&self, now_ms: u64) -> u64 {
+        // The live members this node sees (itself among them), counted without copying
+        // their URLs and names: this runs on every registration.
+        let seen = self.replica.instances(&members_service(), now_ms).count() as u64;
+        let members = seen.max(1).next_power_of_two();
+        let ttl_ms = self
+            .cfg
+            .member_lease_ttl_ms
+            .max(members.saturating_mul(self.cfg.lease_per_member_ms))
+            .min(roster_registry::MAX_LEASE_TTL_MS);
+        if self.guarded {
+            ttl_ms
+                .saturating_mul(GUARDED_LEASE_FACTOR)
+                .min(roster_registry::MAX_LEASE_TTL_MS)
+        } else {
+            ttl_ms
+        }
+    }
+
+    /// Notes how long connected peers will hold this node's lease (called when it changes
+    /// while connected, and when a connection opens: the push ships it).
+    pub(super) fn note_leases_shipped(&mut self) {
+        if self.conns.is_empty() || self.owned.is_empty() {
+            return;
+        }
+        self.leases_shipped = self
+            .replica
+            .lease_of(self.me.id)
+            .map(|l| (l.deadline_ms(), l.ttl_ms));
+    }
+}
