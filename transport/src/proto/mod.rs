@@ -32,7 +32,7 @@ use crate::backoff::Backoff;
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Envelope, Message, MessageError};
 
-/// Pushes, gossip rounds, full states, and forwarding what a delta taught.
+/// Many owned registrations written in one delta.
 mod bulk;
 mod config;
 /// Dialing, accepting, rotating and closing connections.
@@ -45,6 +45,7 @@ mod ownership;
 mod pacing;
 mod resume;
 mod resume_types;
+/// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
