@@ -62,12 +62,11 @@ const GUARDED_RETRY_S: u64 = 300;
 const MAX_ACCEPT_BUCKETS: usize = 4_096;
 /// How long a node that another node answered for is left alone.
 const WRONG_PEER_RETRY_MS: u64 = 5 * 60 * 1000;
-/// How long a closing connection waits for the peer's close frame.
 /// The most a connection reads from its socket at a time. tungstenite zero-fills that much
 /// of its read buffer before every read: at its default (128 KiB), 5% of a writing agent's
 /// CPU under churn went to that, for messages of a few hundred bytes.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
-
+/// How long a closing connection waits for the peer's close frame.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// The longest close reason a WebSocket close frame carries, in bytes.
 const MAX_CLOSE_REASON: usize = 123;
