@@ -37,7 +37,8 @@ pub struct AgentArgs {
     /// This node's name, for people [default: node-<id>].
     #[arg(long, value_name = "NAME", env = "ROSTER_NODE_NAME")]
     node_name: Option<String>,
-    /// Peers each change and gossip round goes to [default: 2].
+    /// Peers each gossip round goes to, and the most outbound connections; a change goes to
+    /// every connected peer [default: 2].
     #[arg(long, value_name = "N", env = "ROSTER_FANOUT")]
     fanout: Option<usize>,
     /// The gossip round [default: 1s].

@@ -175,7 +175,8 @@ impl NodeBuilder {
         self
     }
 
-    /// Peers each push and gossip round goes to (default 3).
+    /// Peers each gossip round goes to, and the most outbound connections the node keeps
+    /// (default 2). A change is pushed to every connected peer that lacks it.
     #[must_use]
     pub fn fanout(mut self, n: usize) -> Self {
         self.fanout = n;

@@ -7,7 +7,8 @@ use crate::backoff::BackoffPolicy;
 /// The protocol's knobs. Durations in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// Peers each push and gossip round goes to.
+    /// Peers each gossip round goes to (a push goes to every connected peer that lacks
+    /// it).
     pub fanout: usize,
     /// The gossip tick (jittered ±25%).
     pub gossip_interval_ms: u64,

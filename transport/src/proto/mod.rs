@@ -12,7 +12,7 @@
 //! - every node registers itself under the reserved service [`MEMBERS_SERVICE`], so the
 //!   member list is registry data; seeds only bootstrap it;
 //! - a new delta (a local write, or a received one that taught us something) is pushed after
-//!   `push_delay` to `fanout` random connected peers, never back to where it came from;
+//!   `push_delay` to every connected peer that lacks it, never back to where it came from;
 //! - each gossip tick (jittered) `fanout` random connected peers get the join of what they
 //!   have not acknowledged; a peer the buffer no longer covers gets the elided full state;
 //! - a digest exchange with one random peer is the backstop; equal digests send nothing;

@@ -35,7 +35,7 @@ impl Node {
         chosen
     }
 
-    /// Pushes new deltas to `fanout` random peers that are up to date but for them.
+    /// Pushes new deltas to every connected peer that lacks them.
     pub(super) fn push(&mut self, now: Now) {
         // Every connected peer that lacks it (the connections are few: about twice the
         // fanout), so a change floods the connection graph in milliseconds; a peer that
