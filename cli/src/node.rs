@@ -146,6 +146,10 @@ pub enum Error {
     /// The instance id is registered by another live node.
     #[error("{0}")]
     OwnedElsewhere(String),
+    /// A task of the node (a disk write run off the async threads) panicked or was cancelled:
+    /// a bug, not bad input. Nothing it was doing is known to have happened.
+    #[error("a task of the node failed: {0}; this is a bug in roster, please report it")]
+    TaskFailed(String),
     /// A throttled action ran too recently.
     #[error("{message}")]
     Throttled {
@@ -578,7 +582,7 @@ impl Node {
             let (s, i) = (service.to_string(), instance.to_string());
             tokio::task::spawn_blocking(move || store.remove_owned(&s, &i, now_ms()))
                 .await
-                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
         }
         owned.remove(&key);
         self.stop_checks(&key);
@@ -904,7 +908,7 @@ impl Node {
             store.retry_now();
             tokio::task::spawn_blocking(move || store.save_replica(&replica, &changed, true))
                 .await
-                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
         }
         Ok(())
     }

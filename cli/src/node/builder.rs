@@ -417,7 +417,7 @@ impl NodeBuilder {
                     false => Store::open(&dir, new_id, now),
                 })
                 .await
-                .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))??;
+                .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
                 for note in &loaded.warnings {
                     warn!("{note}");
                 }

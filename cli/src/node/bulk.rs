@@ -148,6 +148,6 @@ async fn write(
     let store = Arc::clone(store);
     tokio::task::spawn_blocking(move || store.write_owned(&puts, &deletes, floor))
         .await
-        .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))?
+        .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))?
         .map_err(Error::from)
 }

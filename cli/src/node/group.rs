@@ -255,7 +255,7 @@ fn last_per_key(admitted: &[Admitted]) -> BTreeMap<String, usize> {
 async fn write(store: Arc<Store>, puts: Vec<OwnedRecord>, floor: u64) -> Result<(), Error> {
     tokio::task::spawn_blocking(move || store.write_owned(&puts, &[], Some(floor)))
         .await
-        .map_err(|e| Error::Invalid(format!("the store task failed: {e}")))?
+        .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))?
         .map_err(Error::from)
 }
 
@@ -264,6 +264,7 @@ fn duplicate(e: &Error) -> Error {
     match e {
         Error::Store(s) => Error::Store(s.duplicate()),
         Error::Stopped => Error::Stopped,
+        Error::TaskFailed(m) => Error::TaskFailed(m.clone()),
         other => Error::Invalid(other.to_string()),
     }
 }
