@@ -29,10 +29,7 @@ pub(crate) fn encode_value<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let out = vec![FORMAT_VERSION];
     // Serializing these types into a Vec cannot fail: every field has a fixed serde shape
     // and nothing has a length postcard cannot represent.
-    match postcard::to_extend(value, out) {
-        Ok(v) => v,
-        Err(e) => unreachable!("postcard failed to encode a registry value: {e}"),
-    }
+    postcard::to_extend(value, out).expect("postcard failed to encode a registry value")
 }
 
 pub(crate) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {

@@ -30,12 +30,9 @@ struct Entry {
 
 impl Entry {
     fn delta(&self) -> State {
-        match decode_state(&self.delta) {
-            Ok(d) => d,
-            // The bytes are this node's own encoding of a valid state (every delta it
-            // buffers is one it ships as is, which peers decode the same way).
-            Err(e) => unreachable!("a buffered delta failed to decode: {e}"),
-        }
+        // The bytes are this node's own encoding of a valid state (every delta it buffers
+        // is one it ships as is, which peers decode the same way).
+        decode_state(&self.delta).expect("a buffered delta is this node's own valid encoding")
     }
 }
 

@@ -102,10 +102,7 @@ impl Secret {
     }
 
     fn mac(&self, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-        let mut mac = match HmacSha256::new_from_slice(&self.0) {
-            Ok(m) => m,
-            Err(e) => unreachable!("HMAC takes keys of any length: {e}"),
-        };
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         for p in std::iter::once(label).chain(parts.iter().copied()) {
             mac.update(&(p.len() as u64).to_le_bytes());
             mac.update(p);
@@ -307,10 +304,7 @@ impl HandshakeMessage {
 
     /// Encodes the frame: the protocol version, then the message.
     pub fn encode(&self) -> Vec<u8> {
-        match postcard::to_stdvec(&(PROTOCOL_VERSION, self)) {
-            Ok(v) => v,
-            Err(e) => unreachable!("postcard failed to encode a handshake frame: {e}"),
-        }
+        postcard::to_stdvec(&(PROTOCOL_VERSION, self)).expect("postcard failed to encode a handshake frame")
     }
 
     /// Decodes a frame, checking the version first, then the message, its field lengths,
@@ -403,18 +397,12 @@ impl HandshakeConfig {
     }
 
     fn mac(secret: &Secret, role: &[u8], client: &Hello, server: &Hello) -> HmacSha256 {
-        let mut mac = match HmacSha256::new_from_slice(&secret.0) {
-            Ok(m) => m,
-            Err(e) => unreachable!("HMAC takes a key of any length: {e}"),
-        };
+        let mut mac = HmacSha256::new_from_slice(&secret.0).expect("HMAC takes a key of any length");
         mac.update(b"roster handshake\0");
         mac.update(&PROTOCOL_VERSION.to_be_bytes());
         mac.update(role);
         for hello in [client, server] {
-            let bytes = match postcard::to_stdvec(hello) {
-                Ok(b) => b,
-                Err(e) => unreachable!("postcard failed to encode a hello: {e}"),
-            };
+            let bytes = postcard::to_stdvec(hello).expect("postcard failed to encode a hello");
             mac.update(&(bytes.len() as u64).to_be_bytes());
             mac.update(&bytes);
         }

@@ -141,19 +141,13 @@ pub enum MessageError {
 impl Envelope {
     /// Encodes the envelope.
     pub fn encode(&self) -> Vec<u8> {
-        match postcard::to_stdvec(self) {
-            Ok(v) => v,
-            Err(e) => unreachable!("postcard failed to encode a message: {e}"),
-        }
+        postcard::to_stdvec(self).expect("postcard failed to encode a message")
     }
 
     /// How many bytes [`Envelope::encode`] makes, without making them (the counters ask
     /// for every message sent; an encoding to count it copied each payload once more).
     pub fn encoded_len(&self) -> usize {
-        match postcard::experimental::serialized_size(self) {
-            Ok(n) => n,
-            Err(e) => unreachable!("postcard failed to size a message: {e}"),
-        }
+        postcard::experimental::serialized_size(self).expect("postcard failed to size a message")
     }
 
     /// Decodes an envelope, refusing trailing bytes and over-long reasons.

@@ -9,17 +9,11 @@ use super::Node;
 pub const MEMBERS_SERVICE: &str = "roster";
 
 pub(super) fn member_provider(id: ReplicaId) -> ProviderId {
-    match ProviderId::new(&format!("node-{id}")) {
-        Ok(p) => p,
-        Err(e) => unreachable!("a hex replica id is a valid provider id: {e}"),
-    }
+    ProviderId::new(&format!("node-{id}")).expect("a hex replica id is a valid provider id")
 }
 
 pub(super) fn members_service() -> ServiceName {
-    match ServiceName::new(MEMBERS_SERVICE) {
-        Ok(s) => s,
-        Err(e) => unreachable!("the members service name is valid: {e}"),
-    }
+    ServiceName::new(MEMBERS_SERVICE).expect("the members service name is valid")
 }
 
 /// The host and port of a `ws://` or `wss://` URL.
