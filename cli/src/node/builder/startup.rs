@@ -21,6 +21,26 @@ use crate::node::tasks::{saver, ttl_keeper, warn_unsynced};
 use crate::node::{millis, now_ms, Error, Inner, Node, CLIENT_QUEUE};
 use crate::store::{OwnedRecord, Store};
 
+/// What the data directory gave back.
+struct Disk {
+    store: Option<Arc<Store>>,
+    replica: Replica,
+    /// Own registrations still wanted (those whose `ttl` passed are removed).
+    owned: Vec<OwnedRecord>,
+    removed: Vec<roster_registry::RegKey>,
+    /// Launch times, this one among them.
+    launches: Vec<u64>,
+    /// What the last process knew of its peers.
+    memory: proto::Memory,
+}
+
+/// Whether this launch starts under the crash-loop guard.
+struct Guard {
+    on: bool,
+    launches_recent: u64,
+    window: Duration,
+}
+
 impl NodeBuilder {
     /// Starts the node: opens the data directory, resumes the replica and the node's own
     /// registrations from it, binds the listener and joins the cluster.
@@ -29,6 +49,60 @@ impl NodeBuilder {
     /// [`Error`]; nothing is left running.
     pub async fn start(self) -> Result<Node, Error> {
         self.check()?;
+        let secret = self.secret()?;
+        let listener = self.bind(secret.is_some()).await?;
+        let new_id = ReplicaId(
+            getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
+        );
+        let now = now_ms();
+        let disk = self.open_disk(new_id, now).await?;
+        let guard = self.guard(&disk, now);
+        let (resume, owned) = self.resume(&disk, guard.on);
+        let (clients_tx, clients_rx) = mpsc::channel(CLIENT_QUEUE);
+        let name = self
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("node-{}", disk.replica.id()));
+        let mut config = DriverConfig::new(self.cluster.clone(), name);
+        config.advertise_url = self.advertise.clone();
+        config.secret = secret.clone();
+        config.protocol = self.protocol();
+        config.resume = resume;
+        config.clients = self.serve_clients.then_some(clients_tx);
+        config.tls = self.tls.clone();
+        let cancel = CancellationToken::new();
+        let handle = driver::start(listener, config, disk.replica, self.join.clone(), cancel.clone())?;
+        let inner = Arc::new(Inner {
+            handle,
+            store: std::sync::Mutex::new(disk.store.clone()),
+            data_dir: self.data_dir.clone(),
+            cancel,
+            closed: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            lease_ttl_ms: millis(self.lease_ttl),
+            sync_min_interval: self.sync_min_interval,
+            started: Instant::now(),
+            launches_recent: guard.launches_recent,
+            guarded: std::sync::atomic::AtomicBool::new(guard.on),
+            owned: Mutex::new(owned),
+            queue: std::sync::Mutex::default(),
+            secret,
+            client_auth_always: self.client_auth_always,
+            exec_checks: self.exec_checks,
+            checks: checks::Checks::default(),
+            last_sync: std::sync::Mutex::new(None),
+            pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+        });
+        let node = Node { inner };
+        self.spawn_tasks(&node, disk.store, &guard, clients_rx).await;
+        // Clients are served from here on, from the replica as loaded; what this returns
+        // shows the node's own registrations written again.
+        node.inner.handle.resumed().await;
+        Ok(node)
+    }
+
+    /// The cluster secret, checked, with a warning when it is weak.
+    fn secret(&self) -> Result<Option<Secret>, Error> {
         let secret = self
             .secret
             .clone()
@@ -41,21 +115,22 @@ impl NodeBuilder {
                  use {STRONG_SECRET_LEN} random bytes (`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)"
             );
         }
-        let listener = TcpListener::bind(&self.listen)
-            .await
-            .map_err(|source| Error::Listen {
-                addr: self.listen.clone(),
-                source,
-            })?;
-        // Refuse what the transport would refuse before the store records a launch.
-        let bound = listener.local_addr().map_err(|source| Error::Listen {
+        Ok(secret)
+    }
+
+    /// Binds the listener, and refuses what the transport would refuse, before the store
+    /// records a launch.
+    async fn bind(&self, has_secret: bool) -> Result<TcpListener, Error> {
+        let listen_error = |source| Error::Listen {
             addr: self.listen.clone(),
             source,
-        })?;
-        if secret.is_none() && !bound.ip().is_loopback() {
+        };
+        let listener = TcpListener::bind(&self.listen).await.map_err(listen_error)?;
+        let bound = listener.local_addr().map_err(listen_error)?;
+        if !has_secret && !bound.ip().is_loopback() {
             return Err(Error::Start(StartError::Unauthenticated { addr: bound }));
         }
-        if secret.is_some() && self.tls.is_none() && !bound.ip().is_loopback() {
+        if has_secret && self.tls.is_none() && !bound.ip().is_loopback() {
             warn!(
                 "listening on {bound} without TLS: the cluster secret authenticates each connection's handshake, \
                  but the messages after it are not protected (an on-path attacker can read and alter them); \
@@ -69,99 +144,99 @@ impl NodeBuilder {
             )));
         }
         if let Some(url) = &self.advertise {
-            if self.tls.is_some() != url.starts_with("wss://") {
-                return Err(Error::Invalid(format!(
-                    "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
-                    if self.tls.is_some() { "with" } else { "without" },
-                    if self.tls.is_some() { "wss://" } else { "ws://" }
-                )));
-            }
-            if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
-                return Err(Error::Invalid(format!(
-                    "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
-                )));
-            }
+            self.check_advertise(url)?;
         }
-        let new_id = ReplicaId(
-            getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
-        );
-        let now = now_ms();
-        let (store, replica, owned, removed, launches) = match &self.data_dir {
-            Some(dir) => {
-                let dir = dir.clone();
-                let reset = self.reset_identity;
-                let (store, loaded) = tokio::task::spawn_blocking(move || match reset {
-                    true => Store::open_resetting(&dir, new_id, now),
-                    false => Store::open(&dir, new_id, now),
-                })
-                .await
-                .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
-                for note in &loaded.warnings {
-                    warn!("{note}");
-                }
-                if let Some(old) = loaded.reset_from {
-                    warn!(
-                        "this node takes the new identity {new_id} (it was {old}), as --reset-identity \
-                         asked: it forgot its replica and resyncs it from its peers, and writes its own \
-                         registrations again; start it without the flag from now on"
-                    );
-                }
-                let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
-                    .owned
-                    .into_iter()
-                    .partition(|r| r.expires_at_ms.is_none_or(|t| t > now));
-                for r in ended {
-                    info!(
-                        service = r.service,
-                        instance = r.instance,
-                        "its ttl passed while the node was down: deregistered"
-                    );
-                    store.remove_owned(&r.service, &r.instance, now)?;
-                }
-                (
-                    Some(Arc::new(store)),
-                    loaded.replica,
-                    owned,
-                    loaded.removed,
-                    (loaded.launches, loaded.memory),
-                )
-            }
-            None => (
-                None,
-                Replica::new(new_id),
-                Vec::new(),
-                Vec::new(),
-                (vec![now], Vec::new()),
-            ),
+        Ok(listener)
+    }
+
+    fn check_advertise(&self, url: &str) -> Result<(), Error> {
+        if self.tls.is_some() != url.starts_with("wss://") {
+            return Err(Error::Invalid(format!(
+                "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
+                if self.tls.is_some() { "with" } else { "without" },
+                if self.tls.is_some() { "wss://" } else { "ws://" }
+            )));
+        }
+        if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
+            return Err(Error::Invalid(format!(
+                "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the data directory (a node without one starts empty): the replica, the own
+    /// registrations (removing those whose `ttl` passed while the node was down), the
+    /// launches and what the last process knew of its peers.
+    async fn open_disk(&self, new_id: ReplicaId, now: u64) -> Result<Disk, Error> {
+        let Some(dir) = self.data_dir.clone() else {
+            return Ok(Disk {
+                store: None,
+                replica: Replica::new(new_id),
+                owned: Vec::new(),
+                removed: Vec::new(),
+                launches: vec![now],
+                memory: proto::Memory::default(),
+            });
         };
-        let (launches, memory) = launches;
-        // What the last process knew of its peers; unreadable memory is only a lost hint.
-        let memory: proto::Memory = if memory.is_empty() {
+        let reset = self.reset_identity;
+        let (store, loaded) = tokio::task::spawn_blocking(move || match reset {
+            true => Store::open_resetting(&dir, new_id, now),
+            false => Store::open(&dir, new_id, now),
+        })
+        .await
+        .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
+        for note in &loaded.warnings {
+            warn!("{note}");
+        }
+        if let Some(old) = loaded.reset_from {
+            warn!(
+                "this node takes the new identity {new_id} (it was {old}), as --reset-identity \
+                 asked: it forgot its replica and resyncs it from its peers, and writes its own \
+                 registrations again; start it without the flag from now on"
+            );
+        }
+        let (owned, ended): (Vec<OwnedRecord>, Vec<OwnedRecord>) = loaded
+            .owned
+            .into_iter()
+            .partition(|r| r.expires_at_ms.is_none_or(|t| t > now));
+        for r in ended {
+            info!(
+                service = r.service,
+                instance = r.instance,
+                "its ttl passed while the node was down: deregistered"
+            );
+            store.remove_owned(&r.service, &r.instance, now)?;
+        }
+        // Unreadable memory is only a lost hint.
+        let memory = if loaded.memory.is_empty() {
             proto::Memory::default()
         } else {
-            postcard::from_bytes(&memory).unwrap_or_else(|e| {
+            postcard::from_bytes(&loaded.memory).unwrap_or_else(|e| {
                 warn!("ignored the saved peer backoffs: {e}");
                 proto::Memory::default()
             })
         };
+        Ok(Disk {
+            store: Some(Arc::new(store)),
+            replica: loaded.replica,
+            owned,
+            removed: loaded.removed,
+            launches: loaded.launches,
+            memory,
+        })
+    }
+
+    /// Whether this launch is under the crash-loop guard: more launches within its window
+    /// than it allows (a node without a data directory counts none).
+    fn guard(&self, disk: &Disk, now: u64) -> Guard {
         let window = self.crash_guard.map_or(Duration::from_secs(300), |g| g.window);
         let since = now.saturating_sub(millis(window));
-        let launches_recent = launches.iter().filter(|t| **t >= since).count() as u64;
-        let guarded = self
+        let launches_recent = disk.launches.iter().filter(|t| **t >= since).count() as u64;
+        let on = self
             .crash_guard
-            .is_some_and(|g| store.is_some() && launches_recent > u64::from(g.launches));
-        let id = replica.id();
-        let name = self.name.clone().unwrap_or_else(|| format!("node-{id}"));
-        let mut resume = Resume {
-            owned: Vec::new(),
-            removed,
-            drop_unowned: store.is_some(),
-            peers: memory.peers,
-            seeds: memory.seeds,
-            crash_guard: guarded,
-            leases_shipped: memory.leases_shipped,
-        };
-        if guarded {
+            .is_some_and(|g| disk.store.is_some() && launches_recent > u64::from(g.launches));
+        if on {
             warn!(
                 launches = launches_recent,
                 "crash-loop guard on: more than {} launches within {}; until this process has been up that long it keeps to the essential (one connection, the long backoff, no full state unasked)",
@@ -169,20 +244,44 @@ impl NodeBuilder {
                 humantime::format_duration(window)
             );
         }
-        let mut owned_map = BTreeMap::new();
-        for mut rec in owned {
+        Guard {
+            on,
+            launches_recent,
+            window,
+        }
+    }
+
+    /// What the protocol resumes, and the own registrations by key.
+    fn resume(&self, disk: &Disk, guarded: bool) -> (Resume, BTreeMap<String, OwnedRecord>) {
+        let mut resume = Resume {
+            owned: Vec::new(),
+            removed: disk.removed.clone(),
+            drop_unowned: disk.store.is_some(),
+            peers: disk.memory.peers.clone(),
+            seeds: disk.memory.seeds.clone(),
+            crash_guard: guarded,
+            leases_shipped: disk.memory.leases_shipped,
+        };
+        let mut owned = BTreeMap::new();
+        for rec in &disk.owned {
+            let mut rec = rec.clone();
             // Saved for older builds, which gave each registration a lease of its own: it
             // lives by the node's lease now.
             rec.lease_ttl_ms = millis(self.lease_ttl);
             match rec.registration() {
                 Ok(reg) => {
                     resume.owned.push(reg);
-                    owned_map.insert(rec.key(), rec);
+                    owned.insert(rec.key(), rec);
                 }
                 Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
             }
         }
-        let protocol = proto::Config {
+        (resume, owned)
+    }
+
+    /// The protocol's configuration from the builder's settings.
+    fn protocol(&self) -> proto::Config {
+        proto::Config {
             fanout: self.fanout,
             max_outbound: self.fanout,
             gossip_interval_ms: millis(self.gossip_interval),
@@ -194,84 +293,64 @@ impl NodeBuilder {
                 .expire_grace_ms
                 .max(millis(self.max_clock_skew)),
             ..proto::Config::default()
-        };
-        let (clients_tx, clients_rx) = mpsc::channel(CLIENT_QUEUE);
-        let mut config = DriverConfig::new(self.cluster.clone(), name.clone());
-        config.advertise_url = self.advertise.clone();
-        config.secret = secret.clone();
-        config.protocol = protocol;
-        config.resume = resume;
-        config.clients = self.serve_clients.then_some(clients_tx);
-        config.tls = self.tls.clone();
-        let cancel = CancellationToken::new();
-        let handle = driver::start(listener, config, replica, self.join.clone(), cancel.clone())?;
-        let inner = Arc::new(Inner {
-            handle,
-            store: std::sync::Mutex::new(store.clone()),
-            data_dir: self.data_dir.clone(),
-            cancel,
-            closed: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-            lease_ttl_ms: millis(self.lease_ttl),
-            sync_min_interval: self.sync_min_interval,
-            started: Instant::now(),
-            launches_recent,
-            guarded: std::sync::atomic::AtomicBool::new(guarded),
-            owned: Mutex::new(owned_map),
-            queue: std::sync::Mutex::default(),
-            secret,
-            client_auth_always: self.client_auth_always,
-            exec_checks: self.exec_checks,
-            checks: checks::Checks::default(),
-            last_sync: std::sync::Mutex::new(None),
-            pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
-        });
-        let node = Node { inner };
-        for rec in node.inner.owned.lock().await.values() {
+        }
+    }
+
+    /// The node's tasks: checks, the saver, the guard's end, the TTL keeper, the warning
+    /// while no seed answers, and the client server.
+    async fn spawn_tasks(
+        &self,
+        node: &Node,
+        store: Option<Arc<Store>>,
+        guard: &Guard,
+        clients: mpsc::Receiver<crate::transport::driver::ClientConn>,
+    ) {
+        let inner = &node.inner;
+        for rec in inner.owned.lock().await.values() {
             node.run_checks(rec);
         }
         if let Some(store) = store {
-            node.inner
+            inner
                 .tasks
-                .spawn(saver(node.inner.handle.clone(), store, node.inner.cancel.clone()));
+                .spawn(saver(inner.handle.clone(), store, inner.cancel.clone()));
         }
-        if guarded {
-            let weak = Arc::downgrade(&node.inner);
-            let cancel = node.inner.cancel.clone();
-            node.inner.tasks.spawn(async move {
-                tokio::select! {
-                    () = cancel.cancelled() => {}
-                    () = tokio::time::sleep(window) => {
-                        if let Some(inner) = weak.upgrade() {
-                            if inner.handle.set_crash_guard(false).await.is_ok() {
-                                inner.guarded.store(false, std::sync::atomic::Ordering::Relaxed);
-                                info!("crash-loop guard off: up for {}", humantime::format_duration(window));
-                            }
-                        }
-                    }
-                }
-            });
+        if guard.on {
+            inner.tasks.spawn(end_guard(Arc::downgrade(inner), guard.window));
         }
-        node.inner
+        inner
             .tasks
-            .spawn(ttl_keeper(Arc::downgrade(&node.inner), node.inner.cancel.clone()));
+            .spawn(ttl_keeper(Arc::downgrade(inner), inner.cancel.clone()));
         if !self.join.is_empty() {
-            node.inner.tasks.spawn(warn_unsynced(
-                node.inner.handle.clone(),
+            inner.tasks.spawn(warn_unsynced(
+                inner.handle.clone(),
                 self.join.clone(),
-                node.inner.cancel.clone(),
+                inner.cancel.clone(),
             ));
         }
         if self.serve_clients {
-            node.inner.tasks.spawn(crate::server::accept(
-                Arc::downgrade(&node.inner),
-                clients_rx,
-                node.inner.cancel.clone(),
+            inner.tasks.spawn(crate::server::accept(
+                Arc::downgrade(inner),
+                clients,
+                inner.cancel.clone(),
             ));
         }
-        // Clients are served from here on, from the replica as loaded; what this returns
-        // shows the node's own registrations written again.
-        node.inner.handle.resumed().await;
-        Ok(node)
+    }
+}
+
+/// Turns the crash-loop guard off once the node has been up for its window.
+async fn end_guard(weak: std::sync::Weak<Inner>, window: Duration) {
+    let Some(cancel) = weak.upgrade().map(|i| i.cancel.clone()) else {
+        return;
+    };
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = tokio::time::sleep(window) => {
+            if let Some(inner) = weak.upgrade() {
+                if inner.handle.set_crash_guard(false).await.is_ok() {
+                    inner.guarded.store(false, std::sync::atomic::Ordering::Relaxed);
+                    info!("crash-loop guard off: up for {}", humantime::format_duration(window));
+                }
+            }
+        }
     }
 }
