@@ -48,6 +48,9 @@ mod transport_links;
 /// The embedded `roster::Node` API: register, lookup, watch, resume, client authentication.
 mod node_api;
 
+/// Golden vectors of every format that crosses a process boundary.
+mod wire_golden;
+
 /// A watch through an agent that goes on across the agent's restart.
 mod remote_watch;
 

@@ -1,0 +1,138 @@
+//! Golden vectors for every postcard format that crosses a process boundary, beside the
+//! registry's own (`registry_codec`): peer messages, handshake frames, the client protocol,
+//! and an own registration as saved on disk. A changed vector is a format change: bump the
+//! version that guards it (`PROTOCOL_VERSION`, the handshake's, `CLIENT_PROTOCOL_VERSION`,
+//! or the record's shape with a reader of the old one) and say so in the CHANGELOG.
+
+use roster::api::{self, ClientMessage, InstanceView, Request, ServerMessage};
+use roster::check::Check;
+use roster::store::OwnedRecord;
+use roster_registry::{Hlc, ReplicaId, Status};
+use roster_transport::handshake::{HandshakeMessage, Hello, RefusalKind};
+use roster_transport::message::{Envelope, Message};
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn peer_messages_keep_their_encoding() {
+    let cases = [
+        (Message::Ack { seq: 42 }, PEER_ACK),
+        (Message::Goodbye { reason: "bye".into() }, PEER_GOODBYE),
+        (
+            Message::DigestHash {
+                hash: [7; 16],
+                state: Some([8; 16]),
+            },
+            PEER_DIGEST_HASH,
+        ),
+    ];
+    for (message, want) in cases {
+        let env = Envelope {
+            sent_at: Hlc::new(1_700_000_000_000, 3),
+            message,
+        };
+        let bytes = env.encode();
+        assert_eq!(hex(&bytes), want, "the encoding of {:?} changed", env.message);
+        assert_eq!(Envelope::decode(&bytes).unwrap(), env);
+    }
+}
+
+const PEER_ACK: &str = "838080c0d6fcf3c501032a";
+const PEER_GOODBYE: &str = "838080c0d6fcf3c5010603627965";
+const PEER_DIGEST_HASH: &str =
+    "838080c0d6fcf3c50107070707070707070707070707070707070108080808080808080808080808080808";
+
+#[test]
+fn handshake_frames_keep_their_encoding() {
+    let hello = Hello {
+        cluster: "default".into(),
+        id: ReplicaId(0x0102),
+        name: "a".into(),
+        url: "ws://127.0.0.1:7420".into(),
+        nonce: [9; 32],
+        clock_ms: 1_700_000_000_000,
+    };
+    let cases = [
+        (HandshakeMessage::Hello(hello), HANDSHAKE_HELLO),
+        (HandshakeMessage::Proof { proof: Some([1; 32]) }, HANDSHAKE_PROOF),
+        (
+            HandshakeMessage::Refused {
+                kind: RefusalKind::Cluster,
+                reason: "another cluster".into(),
+            },
+            HANDSHAKE_REFUSED,
+        ),
+    ];
+    for (frame, want) in cases {
+        let bytes = frame.encode();
+        assert_eq!(hex(&bytes), want, "the encoding of {frame:?} changed");
+        assert_eq!(HandshakeMessage::decode(&bytes).unwrap(), frame);
+    }
+}
+
+const HANDSHAKE_HELLO: &str = "04000764656661756c74820201611377733a2f2f3132372e302e302e313a37343230090909090909090909090909090909090909090909090909090909090909090980d095ffbc31";
+const HANDSHAKE_PROOF: &str = "0402010101010101010101010101010101010101010101010101010101010101010101";
+const HANDSHAKE_REFUSED: &str = "0404010f616e6f7468657220636c7573746572";
+
+fn instance() -> InstanceView {
+    InstanceView {
+        service: "web".into(),
+        instance: "web-1".into(),
+        address: "10.0.0.7:8080".into(),
+        meta: vec![("zone".into(), "a".into())],
+        status: "passing".into(),
+        note: String::new(),
+        node: "0000000000000102".into(),
+        registered_at_ms: 1_700_000_000_000,
+        lease_expires_at_ms: 1_700_000_030_000,
+    }
+}
+
+#[test]
+fn client_messages_keep_their_encoding() {
+    let register = ClientMessage::Request(Request::Register {
+        service: "web".into(),
+        address: "10.0.0.7:8080".into(),
+        meta: vec![("zone".into(), "a".into())],
+        instance: Some("web-1".into()),
+        ttl_ms: Some(30_000),
+        checks: vec![Check::tcp("10.0.0.7:8080")],
+    });
+    let bytes = api::encode(&register);
+    assert_eq!(hex(&bytes), CLIENT_REGISTER, "the encoding of a register changed");
+    assert_eq!(api::decode::<ClientMessage>(&bytes).unwrap(), register);
+    let answer = ServerMessage::Instances(vec![instance()]);
+    let bytes = api::encode(&answer);
+    assert_eq!(hex(&bytes), CLIENT_INSTANCES, "the encoding of instances changed");
+    assert_eq!(api::decode::<ServerMessage>(&bytes).unwrap(), answer);
+}
+
+const CLIENT_REGISTER: &str = "030100037765620d31302e302e302e373a3830383001047a6f6e65016101057765622d3101b0ea0101010d31302e302e302e373a38303830904e8827010300";
+const CLIENT_INSTANCES: &str = "03060103776562057765622d310d31302e302e302e373a3830383001047a6f6e6501610770617373696e6700103030303030303030303030303031303280d095ffbc31b0ba97ffbc31";
+
+#[test]
+fn an_own_registration_keeps_its_encoding_on_disk() {
+    let rec = OwnedRecord {
+        service: "web".into(),
+        instance: "web-1".into(),
+        address: "10.0.0.7:8080".into(),
+        meta: vec![("zone".into(), "a".into())],
+        lease_ttl_ms: 30_000,
+        registered_at_ms: 1_700_000_000_000,
+        expires_at_ms: None,
+        status: Status::passing(),
+        maintenance: Some("deploy".into()),
+        checks: vec![Check::ttl(std::time::Duration::from_secs(30))],
+    };
+    let bytes = postcard::to_stdvec(&rec).unwrap();
+    assert_eq!(
+        hex(&bytes),
+        OWNED_RECORD,
+        "the encoding of an owned record changed"
+    );
+    assert_eq!(OwnedRecord::decode(&bytes).unwrap(), rec);
+}
+
+const OWNED_RECORD: &str = "03776562057765622d310d31302e302e302e373a3830383001047a6f6e650161b0ea0180d095ffbc3100000001066465706c6f790103b0ea019875010300";
