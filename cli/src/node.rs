@@ -302,6 +302,59 @@ impl Instance {
     }
 }
 
+/// How a node of the cluster is doing, as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Its lease is live and renewed on time.
+    Alive,
+    /// Its lease is live, but its renewal is late.
+    Suspect,
+    /// Lost lately: its lease ended, or it was written dead, or it left.
+    Gone,
+}
+
+impl MemberState {
+    /// The name, as `roster members` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Alive => "alive",
+            Self::Suspect => "suspect",
+            Self::Gone => "gone",
+        }
+    }
+}
+
+/// A node of the cluster, as [`Node::members`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its id (16 hex digits).
+    pub node: String,
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub address: String,
+    /// How it is doing.
+    pub state: MemberState,
+    /// How long ago it was last heard of.
+    pub last_heard: Duration,
+}
+
+impl Member {
+    pub(crate) fn view(&self) -> MemberView {
+        MemberView {
+            node: self.node.clone(),
+            name: self.name.clone(),
+            address: self.address.clone(),
+            state: self.state.as_str().to_string(),
+            last_heard_ms: ms_of(self.last_heard),
+        }
+    }
+}
+
+fn ms_of(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A change a watch sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -633,7 +686,7 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::Stopped`].
-    pub async fn members(&self) -> Result<Vec<MemberView>, Error> {
+    pub async fn members(&self) -> Result<Vec<Member>, Error> {
         let me = self.inner.handle.info().clone();
         let known = self.inner.handle.inspect(|n, _| n.known_peers()).await?;
         let replica = self.inner.handle.replica();
@@ -651,12 +704,16 @@ impl Node {
             let heard = now.saturating_sub(i.lease.issued.millis());
             let is_me = id == me.id.to_string();
             let late = heard > i.lease.ttl_ms * 2 / 3;
-            out.push(MemberView {
+            out.push(Member {
                 node: id.to_string(),
                 name: i.registration.meta.get("name").unwrap_or_default().to_string(),
                 address: i.registration.meta.get("url").unwrap_or_default().to_string(),
-                state: if late && !is_me { "suspect" } else { "alive" }.to_string(),
-                last_heard_ms: if is_me { 0 } else { heard },
+                state: if late && !is_me {
+                    MemberState::Suspect
+                } else {
+                    MemberState::Alive
+                },
+                last_heard: Duration::from_millis(if is_me { 0 } else { heard }),
             });
         }
         for p in known {
@@ -664,12 +721,12 @@ impl Node {
             if live.contains(&id) {
                 continue;
             }
-            out.push(MemberView {
+            out.push(Member {
                 node: id,
                 name: p.name.unwrap_or_default(),
                 address: p.url.unwrap_or_default(),
-                state: "gone".to_string(),
-                last_heard_ms: now.saturating_sub(p.last_seen_ms),
+                state: MemberState::Gone,
+                last_heard: Duration::from_millis(now.saturating_sub(p.last_seen_ms)),
             });
         }
         out.sort_by(|a, b| (a.name.as_str(), a.node.as_str()).cmp(&(b.name.as_str(), b.node.as_str())));

@@ -393,7 +393,7 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
             }
         }
         Request::Members => match node.members().await {
-            Ok(m) => ServerMessage::Members(m),
+            Ok(m) => ServerMessage::Members(m.iter().map(crate::node::Member::view).collect()),
             Err(e) => from_error(e),
         },
         Request::Status => match node.status().await {
