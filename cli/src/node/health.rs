@@ -52,21 +52,17 @@ impl Node {
     }
 
     /// Writes the status the checks of an owned instance decided, when it differs from
-    /// what is written. Returns whether it wrote.
-    pub(super) async fn set_checked_status(&self, key: &str, status: Status) -> Result<bool, Error> {
+    /// what is saved (saved under maintenance too, which hides it, so it is right when
+    /// maintenance ends).
+    pub(super) async fn set_checked_status(&self, key: &str, status: Status) -> Result<(), Error> {
         let rec = {
             let owned = self.inner.owned.lock().await;
             match owned.get(key) {
                 Some(rec) if rec.status != status => rec.clone(),
-                _ => return Ok(false),
+                _ => return Ok(()),
             }
         };
-        let before = rec.effective_status();
-        let rec = OwnedRecord { status, ..rec };
-        let writes = rec.effective_status() != before;
-        // Saved even under maintenance (which hides it), so it is right when maintenance ends.
-        self.rewrite(rec).await?;
-        Ok(writes)
+        self.rewrite(OwnedRecord { status, ..rec }).await
     }
 }
 

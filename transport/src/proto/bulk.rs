@@ -1,6 +1,6 @@
 //! Writes in bulk: many owned registrations in one delta (one push, one snapshot).
 
-use roster_registry::{InvalidInput, NewRegistration};
+use roster_registry::InvalidInput;
 
 use super::{Node, Now, Owned, OwnedRegistration};
 
@@ -18,18 +18,7 @@ impl Node {
         let now = self.time.input(now.into());
         let stamp = self.clock.tick(now.wall_ms);
         let ttl_ms = self.lease_ttl(now.wall_ms);
-        let news = items
-            .iter()
-            .map(|o| NewRegistration {
-                service: o.service.clone(),
-                provider: o.provider.clone(),
-                endpoint: o.endpoint.clone(),
-                meta: o.meta.clone(),
-                status: o.status.clone(),
-                since_ms: o.since_ms,
-            })
-            .collect();
-        let applied = self.replica.register_many(news, ttl_ms, stamp)?;
+        let applied = self.replica.register_many(items.clone(), ttl_ms, stamp)?;
         for o in items {
             let owned = Owned {
                 endpoint: o.endpoint,

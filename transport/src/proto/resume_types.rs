@@ -1,26 +1,14 @@
 //! What a node carries across restarts: what it resumes from, what it saves for the next
 //! process, and what it reports of its peers.
 
-use roster_registry::{Endpoint, Metadata, ProviderId, RegKey, ReplicaId, ServiceName, Status};
+use roster_registry::{NewRegistration, RegKey, ReplicaId};
 
 use crate::backoff::Backoff;
 
-/// A registration a node owned before it stopped, to write again when it resumes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedRegistration {
-    /// The service.
-    pub service: ServiceName,
-    /// The provider (instance).
-    pub provider: ProviderId,
-    /// Where it listens.
-    pub endpoint: Endpoint,
-    /// Its metadata.
-    pub meta: Metadata,
-    /// How it is doing, as this node's checks last judged it.
-    pub status: Status,
-    /// When it was first registered (wall ms), kept across updates and restarts.
-    pub since_ms: u64,
-}
+/// A registration a node owns: what it writes, and writes again when it resumes (the
+/// registry's [`NewRegistration`]: service, provider, endpoint, metadata, status, and when
+/// it was first registered).
+pub type OwnedRegistration = NewRegistration;
 
 /// What a node resuming from disk must write again and may have written before it
 /// stopped (see [`super::Node::finish_resume`]).
