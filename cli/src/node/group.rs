@@ -83,7 +83,7 @@ impl Node {
         self.queue(rec, true)
     }
 
-    fn queue(&self, rec: OwnedRecord, fresh: bool) -> Answer {
+    pub(super) fn queue(&self, rec: OwnedRecord, fresh: bool) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self

@@ -39,14 +39,20 @@ impl Node {
                 None => owned.values().cloned().collect(),
             }
         };
+        // Queued together, so the group commit writes them a few dozen to a transaction
+        // instead of one commit (and one fsync) each.
         let mut changed = Vec::new();
+        let mut answers = Vec::new();
         for mut rec in targets {
             let before = rec.effective_status();
             rec.maintenance = reason.map(str::to_string);
             if rec.effective_status() != before {
                 changed.push(rec.key());
-                self.rewrite(rec).await?;
+                answers.push(self.queue(rec, false));
             }
+        }
+        for answer in answers {
+            answer.await.unwrap_or(Err(Error::Stopped))?;
         }
         Ok(changed)
     }
