@@ -7,7 +7,7 @@
 //! Simulations print their seed; `ROSTER_SIM_SEED=N` replays one.
 
 use roster_registry::{codec, Bounds, Endpoint, Hlc, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
-use roster_transport::backoff::Backoff;
+use roster_transport::backoff::{Backoff, Failure};
 use roster_transport::proto::{
     Config, DialTarget, Node, NodeInfo, Output, OwnedRegistration, PeerMemory, Resume,
 };
@@ -303,6 +303,74 @@ fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
         node.memory().peers,
         vec![peer],
         "what it knew is saved again as it was"
+    );
+}
+
+#[test]
+fn a_refusal_for_clock_skew_is_brief_and_not_carried_to_the_next_process() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    let start = |resume: Resume| {
+        Node::with_resume(
+            me.clone(),
+            Replica::new(ReplicaId(1)),
+            vec![url(0)],
+            config(),
+            7,
+            1_000_000,
+            resume,
+        )
+        .unwrap()
+        .0
+    };
+    let seed_dials = |node: &mut Node| {
+        let mut dials = 0;
+        while let Some(o) = node.poll_output() {
+            dials += u32::from(matches!(o, Output::Dial(DialTarget::Seed { .. })));
+        }
+        dials
+    };
+    // Refused for skew ten times in a row: it tries again on the network schedule (at most
+    // 30 s and its jitter), not after the minutes of a wrong secret.
+    let mut node = start(Resume::default());
+    let mut now = 1_000_000;
+    assert_eq!(seed_dials(&mut node), 1, "it dials its seed");
+    for _ in 0..10 {
+        node.handle_dial_failed(&DialTarget::Seed { url: url(0) }, Failure::Clock, now);
+        let until = now + 45_000;
+        while seed_dials(&mut node) == 0 {
+            now = node.poll_timeout().max(now + 1);
+            assert!(now <= until, "a refusal for skew held the next dial past {until}");
+            node.handle_timeout(now);
+        }
+    }
+    node.handle_dial_failed(&DialTarget::Seed { url: url(0) }, Failure::Clock, now);
+    // Its next process (the clock set right by the restart) dials at once, while a
+    // refusal for a wrong secret still holds the next process back.
+    let saved = node.memory().seeds;
+    assert_eq!(saved[0].1.failures, 11, "the failures are kept");
+    assert_eq!(
+        seed_dials(&mut start(Resume {
+            seeds: saved,
+            ..Resume::default()
+        })),
+        1,
+        "a backoff earned by a wrong clock held the next process back"
+    );
+    let mut node = start(Resume::default());
+    assert_eq!(seed_dials(&mut node), 1);
+    node.handle_dial_failed(&DialTarget::Seed { url: url(0) }, Failure::Auth, 1_000_000);
+    let saved = node.memory().seeds;
+    assert_eq!(
+        seed_dials(&mut start(Resume {
+            seeds: saved,
+            ..Resume::default()
+        })),
+        0,
+        "a wrong secret holds"
     );
 }
 

@@ -51,6 +51,10 @@ pub enum Failure {
     Auth,
     /// The peer told us to come back later (it sheds load); the hint is in milliseconds.
     RetryAfter(u64),
+    /// One of the two clocks runs further ahead of the other than the cluster allows. A
+    /// clock is set right while the node runs (NTP, an operator) or by the restart that
+    /// follows the fix, so this backs off as a network failure, not for minutes.
+    Clock,
 }
 
 /// The retry state of one target (a peer, a seed, a sync). Small and serialisable, so it can
@@ -105,7 +109,7 @@ impl BackoffPolicy {
                 self.auth_cap_ms.min(self.cap_ms.max(self.base_ms) * 4),
                 self.auth_cap_ms,
             ),
-            Failure::Network | Failure::RetryAfter(_) => (self.base_ms, self.cap_ms),
+            Failure::Network | Failure::Clock | Failure::RetryAfter(_) => (self.base_ms, self.cap_ms),
         };
         let exp = failures.saturating_sub(1).min(32);
         let nominal = start.saturating_mul(1u64 << exp).min(cap);

@@ -168,7 +168,8 @@ impl RefusalKind {
     /// How the refused side should back off: minutes for what will not fix itself soon.
     pub fn failure(self) -> Failure {
         match self {
-            Self::Version | Self::Cluster | Self::Secret | Self::Skew => Failure::Auth,
+            Self::Version | Self::Cluster | Self::Secret => Failure::Auth,
+            Self::Skew => Failure::Clock,
             Self::Malformed | Self::Unavailable => Failure::Network,
         }
     }
@@ -816,7 +817,10 @@ mod tests {
                 max_ms: 5_000
             }
         );
-        assert_eq!(c.unwrap_err().kind(), RefusalKind::Skew);
+        let c = c.unwrap_err();
+        assert_eq!(c.kind(), RefusalKind::Skew);
+        // A clock is set right while the node runs: not the minutes of a wrong secret.
+        assert_eq!(c.failure(), Failure::Clock);
         // The server ahead: the client refuses it.
         let (c, _) = run(&a, &b, NOW, NOW + 60_000);
         assert!(matches!(

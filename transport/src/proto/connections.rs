@@ -17,7 +17,7 @@ impl Node {
         }
         let outbound = self.conns.values().filter(|c| c.outbound).count()
             + self.peers.values().filter(|p| p.dialing).count()
-            + self.seeds.values().filter(|(_, dialing)| *dialing).count();
+            + self.seeds.values().filter(|s| s.dialing).count();
         // Under the crash-loop guard, one connection is enough to keep what it owns alive
         // and to receive deltas.
         let max = if self.guarded { 1 } else { self.cfg.max_outbound };
@@ -99,7 +99,7 @@ impl Node {
             let mut ready: Vec<String> = self
                 .seeds
                 .iter()
-                .filter(|(_, (b, dialing))| !dialing && b.ready(now.mono_ms))
+                .filter(|(_, s)| !s.dialing && s.backoff.ready(now.mono_ms))
                 .map(|(u, _)| u.clone())
                 .filter(|u| {
                     alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
@@ -109,7 +109,7 @@ impl Node {
                 room -= 1;
                 let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
                 if let Some(s) = self.seeds.get_mut(&url) {
-                    s.1 = true;
+                    s.dialing = true;
                 }
                 self.counters.dials += 1;
                 self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
@@ -269,18 +269,20 @@ impl Node {
             DialTarget::Peer { id, .. } => {
                 let p = self.peers.entry(*id).or_default();
                 p.dialing = false;
+                p.clock_refused = failure == Failure::Clock;
                 if self.guarded {
                     p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
                 }
                 p.backoff.fail(&policy, failure, now.mono_ms, draw);
             }
             DialTarget::Seed { url } => {
-                if let Some((b, dialing)) = self.seeds.get_mut(url) {
-                    *dialing = false;
+                if let Some(s) = self.seeds.get_mut(url) {
+                    s.dialing = false;
+                    s.clock_refused = failure == Failure::Clock;
                     if self.guarded {
-                        b.failures = b.failures.max(GUARDED_FAILURES);
+                        s.backoff.failures = s.backoff.failures.max(GUARDED_FAILURES);
                     }
-                    b.fail(&policy, failure, now.mono_ms, draw);
+                    s.backoff.fail(&policy, failure, now.mono_ms, draw);
                 }
             }
         }
@@ -302,12 +304,14 @@ impl Node {
         let now = self.time.input(now.into());
         if let Some(url) = seed {
             if let Some(s) = self.seeds.get_mut(url) {
-                s.1 = false;
+                s.dialing = false;
+                s.clock_refused = false;
             }
             self.seeds_reached.insert(url.to_string());
         }
         if let Some(p) = self.peers.get_mut(&peer.id) {
             p.dialing = false;
+            p.clock_refused = false;
         }
         let inbound = self.conns.values().filter(|c| !c.outbound).count();
         let refuse = if peer.id == self.me.id {

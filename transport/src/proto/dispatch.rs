@@ -5,7 +5,7 @@ use rand::RngExt;
 use roster_registry::{CausalContext, ElidedError, ReplicaId};
 
 use super::{ConnId, Node, Now, Output, ProtocolError, MAX_SEEDS};
-use crate::backoff::{Backoff, Failure};
+use crate::backoff::Failure;
 use crate::message::{self, Envelope, Message, MessageError};
 
 impl Node {
@@ -131,7 +131,7 @@ impl Node {
                     if self.seeds.len() >= MAX_SEEDS {
                         break;
                     }
-                    self.seeds.entry(url).or_insert((Backoff::default(), false));
+                    self.seeds.entry(url).or_default();
                 }
                 let draw = self.rng.random::<u64>();
                 let policy = self.cfg.backoff;
@@ -140,8 +140,8 @@ impl Node {
                 p.backoff.fail(&policy, full, now.mono_ms, draw);
                 // Dialed as a seed: that address waits too, so we try the others first.
                 let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
-                if let Some((b, _)) = seed.and_then(|u| self.seeds.get_mut(&u)) {
-                    b.fail(&policy, full, now.mono_ms, draw);
+                if let Some(s) = seed.and_then(|u| self.seeds.get_mut(&u)) {
+                    s.backoff.fail(&policy, full, now.mono_ms, draw);
                 }
             }
             // The periodic exchange: a digest only when the contexts differ.

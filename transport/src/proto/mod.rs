@@ -262,6 +262,20 @@ struct Peer {
     adopted: bool,
     /// When it was last a live member or connected.
     last_seen_ms: u64,
+    /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).
+    clock_refused: bool,
+}
+
+/// A seed URL and how it is dialed.
+#[derive(Debug, Default)]
+struct Seed {
+    /// Its dial backoff, in monotonic time (saved in wall time).
+    backoff: Backoff,
+    dialing: bool,
+    /// Its last dial was refused for clock skew: a clock set right by the restart that
+    /// follows must not wait out a backoff earned by the wrong one, so the next process
+    /// may dial it at once (`Node::memory`).
+    clock_refused: bool,
 }
 
 /// The protocol state machine of one roster node.
@@ -277,7 +291,7 @@ pub struct Node {
     /// Every live member has an entry (its URL, to dial it again should it stop being
     /// one), most of them never connected: boxed, so the map's nodes stay small.
     peers: BTreeMap<ReplicaId, Box<Peer>>,
-    seeds: BTreeMap<String, (Backoff, bool)>,
+    seeds: BTreeMap<String, Seed>,
     /// The seeds a connection reached (whoever answered).
     seeds_reached: BTreeSet<String>,
     /// Until when unreached seeds are dialed even while connected (monotonic ms).
@@ -377,10 +391,7 @@ impl Node {
             buffer: DeltaBuffer::new(cfg.buffer_capacity),
             conns: BTreeMap::new(),
             peers: BTreeMap::new(),
-            seeds: seeds
-                .into_iter()
-                .map(|u| (u, (Backoff::default(), false)))
-                .collect(),
+            seeds: seeds.into_iter().map(|u| (u, Seed::default())).collect(),
             seeds_reached: BTreeSet::new(),
             seed_retry_until: mono + SEED_RETRY_MS,
             owned: BTreeMap::new(),
@@ -422,7 +433,7 @@ impl Node {
         }
         for (url, b) in &resume.seeds {
             if let Some(s) = node.seeds.get_mut(url) {
-                s.0 = time.backoff_to_mono(*b);
+                s.backoff = time.backoff_to_mono(*b);
             }
         }
         if node.guarded {

@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use roster_registry::{validate_metadata, InvalidInput, ProviderId, RegKey, Replica, ReplicaId, ServiceName};
 
+use crate::backoff::Backoff;
+
 use super::{
     member_provider, members_service, Config, KnownPeer, Memory, Node, NodeInfo, Now, OwnedRegistration,
     PeerMemory, Resume, Resumed,
@@ -136,19 +138,36 @@ impl Node {
                 url: p.url.clone(),
                 name: p.name.clone(),
                 // Kept in monotonic time; saved in wall time, by the last input's offset.
-                backoff: self.time.backoff_to_wall(p.backoff),
+                backoff: self.saved_backoff(p.backoff, p.clock_refused),
                 full_sent_at: p.full_sent_at.map(|t| self.time.wall_of(t)),
             })
             .collect();
         let seeds = self
             .seeds
             .iter()
-            .map(|(u, (b, _))| (u.clone(), self.time.backoff_to_wall(*b)))
+            .map(|(u, s)| (u.clone(), self.saved_backoff(s.backoff, s.clock_refused)))
             .collect();
         Memory {
             peers,
             seeds,
             leases_shipped: self.leases_shipped,
+        }
+    }
+
+    /// A backoff as the next process takes it, in wall time. One earned by a refusal for
+    /// clock skew ends at once: the restart is how a clock is often set right, and the
+    /// next process must not wait minutes for a clock it no longer has (a Jepsen node,
+    /// restarted with its true clock after running a minute ahead, dialed no one for the
+    /// whole final check). Its failures are kept: a clock still wrong escalates, and the
+    /// crash-loop guard still holds a process that keeps dying.
+    fn saved_backoff(&self, b: Backoff, clock_refused: bool) -> Backoff {
+        if clock_refused {
+            Backoff {
+                not_before_ms: 0,
+                ..b
+            }
+        } else {
+            self.time.backoff_to_wall(b)
         }
     }
 
