@@ -1,7 +1,7 @@
 //! The client protocol: what `roster` commands (and other tools) say to an agent.
 //!
 //! A client opens a WebSocket to the agent's listener with the subprotocol
-//! `roster.client.v1`. Every message is one binary frame: a version byte
+//! [`CLIENT_SUBPROTOCOL`]. Every message is one binary frame: a version byte
 //! ([`CLIENT_PROTOCOL_VERSION`]) and a postcard-encoded value.
 //!
 //! 1. The agent speaks first: [`ServerHello`] (its node, a fresh nonce, and whether the
@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::Check;
 
+/// The WebSocket subprotocol of clients (the CLI, tools). The agent registers it with the
+/// transport, which hands over each connection that asks for it after the upgrade.
+pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
 /// The version byte every client-protocol message starts with.
 pub const CLIENT_PROTOCOL_VERSION: u8 = 3;
 /// The nonce length of the client authentication.

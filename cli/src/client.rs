@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use roster_transport::driver::{ClientStream, ClientTls, CLIENT_SUBPROTOCOL};
+use roster_transport::driver::{ClientStream, ClientTls};
+
+use crate::api::CLIENT_SUBPROTOCOL;
 use roster_transport::handshake::Secret;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;

@@ -186,8 +186,8 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
     assert!(matches!(bad, ClientError::Unauthorized { .. }), "{bad}");
 
     // Garbage after the upgrade: the agent cuts that client and keeps serving.
-    let req = ClientRequestBuilder::new(url.parse().unwrap())
-        .with_sub_protocol(roster::transport::driver::CLIENT_SUBPROTOCOL);
+    let req =
+        ClientRequestBuilder::new(url.parse().unwrap()).with_sub_protocol(roster::api::CLIENT_SUBPROTOCOL);
     let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
     let _hello = ws.next().await;
     ws.send(WsMessage::binary(vec![0xff; 100])).await.unwrap();
@@ -333,7 +333,7 @@ async fn a_client_that_does_not_prove_the_secret_gets_no_proof_from_the_agent() 
     let wrong = Secret::new(b"a guessed secret of enough bytes".to_vec()).unwrap();
     for attempt in ["no proof", "a wrong proof"] {
         let req = ClientRequestBuilder::new(a.url().parse().unwrap())
-            .with_sub_protocol(roster::transport::driver::CLIENT_SUBPROTOCOL);
+            .with_sub_protocol(roster::api::CLIENT_SUBPROTOCOL);
         let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
         let Some(Ok(WsMessage::Binary(hello))) = ws.next().await else {
             panic!("no hello")

@@ -191,7 +191,10 @@ async fn client_connections_that_never_authenticate_from_one_address_leave_room_
     // authenticated: the worst client of all, from 127.0.0.2.
     let (tx, mut rx) = mpsc::channel::<ClientConn>(256);
     let mut acfg = config("a", Some(SECRET));
-    acfg.clients = Some(tx);
+    acfg.clients = Some(driver::ClientProtocol {
+        name: "roster.client.v1",
+        conns: tx,
+    });
     let a = start_at(1, acfg, vec![]).await;
     let held = tokio::spawn(async move {
         let mut held = Vec::new();

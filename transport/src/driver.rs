@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
-pub use conn::{ClientConn, ClientStream, CLIENT_SUBPROTOCOL};
+pub use conn::{ClientConn, ClientProtocol, ClientStream};
 pub use limits::{DriverCounters, Limits};
 pub use tls::{ClientTls, TlsConfig};
 
@@ -140,9 +140,9 @@ pub struct DriverConfig {
     /// What a node resuming from disk writes again before it talks to a peer
     /// ([`Node::finish_resume`]).
     pub resume: proto::Resume,
-    /// Where connections of clients ([`CLIENT_SUBPROTOCOL`]) go after the upgrade; `None`
-    /// refuses them. They count under the inbound cap.
-    pub clients: Option<mpsc::Sender<ClientConn>>,
+    /// The application's protocol for clients: connections that ask for it go there after
+    /// the upgrade; `None` refuses them. They count under the inbound cap.
+    pub clients: Option<ClientProtocol>,
 }
 
 impl DriverConfig {

@@ -52,9 +52,16 @@ use session::run;
 
 /// The WebSocket subprotocol roster peers speak; the server echoes it.
 pub(super) const SUBPROTOCOL: &str = "roster.v1";
-/// The WebSocket subprotocol of clients (the CLI, tools): their connections are handed to
-/// the application (`DriverConfig::clients`) after the upgrade.
-pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
+/// The application's own protocol, served on the node's listener beside the peers'
+/// ([`SUBPROTOCOL`]): a connection that asks for `name` is upgraded and handed to `conns`.
+/// The transport knows nothing else of it (the agent's client protocol lives in `cli/`).
+#[derive(Debug, Clone)]
+pub struct ClientProtocol {
+    /// The WebSocket subprotocol clients ask for; not [`SUBPROTOCOL`].
+    pub name: &'static str,
+    /// Where its connections go after the upgrade.
+    pub conns: mpsc::Sender<ClientConn>,
+}
 /// The least retry-after, in seconds, a node under the crash guard gives peers that dial it
 /// (the default guard window: it dials out itself when its lease needs it).
 const GUARDED_RETRY_S: u64 = 300;
@@ -110,7 +117,7 @@ pub(super) struct Shared {
     /// Set when the node serves and dials `wss://`.
     pub tls: Option<Tls>,
     /// Where client connections go; `None` refuses them.
-    pub clients: Option<mpsc::Sender<ClientConn>>,
+    pub clients: Option<ClientProtocol>,
     /// Peer accepts per source address (load shedding).
     accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
     /// Client accepts per source address.
@@ -132,7 +139,7 @@ pub(super) struct Shared {
 pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ClientStream for T {}
 
-/// A client connection (subprotocol [`CLIENT_SUBPROTOCOL`]), upgraded and handed to the
+/// A client connection (of the [`ClientProtocol`]), upgraded and handed to the
 /// application, which speaks its own protocol over it. It holds its place under the
 /// inbound cap until dropped, and counts as unauthenticated (under
 /// `Limits::max_unauthenticated_per_address`) until [`ClientConn::authenticated`].
@@ -169,7 +176,7 @@ impl Shared {
         events: mpsc::Sender<ConnEvent>,
         shutdown: CancellationToken,
         tls: Option<Tls>,
-        clients: Option<mpsc::Sender<ClientConn>>,
+        clients: Option<ClientProtocol>,
     ) -> Self {
         Self {
             handshake,

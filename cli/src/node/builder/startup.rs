@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roster_registry::{Replica, ReplicaId};
-use roster_transport::driver::{self, DriverConfig, StartError};
+use roster_transport::driver::{self, ClientProtocol, DriverConfig, StartError};
 use roster_transport::handshake::Secret;
 use roster_transport::proto::{self, Resume};
 use tokio::net::TcpListener;
@@ -68,7 +68,10 @@ impl NodeBuilder {
         config.secret = secret.clone();
         config.protocol = self.protocol();
         config.resume = resume;
-        config.clients = self.serve_clients.then_some(clients_tx);
+        config.clients = self.serve_clients.then_some(ClientProtocol {
+            name: crate::api::CLIENT_SUBPROTOCOL,
+            conns: clients_tx,
+        });
         config.tls = self.tls.clone();
         let cancel = CancellationToken::new();
         let handle = driver::start(listener, config, disk.replica, self.join.clone(), cancel.clone())?;

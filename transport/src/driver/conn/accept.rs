@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::{
     refuse, run, server_handshake, ws_fail, ClientConn, ClientStream, Fail, PeerCert, Shared,
-    CLIENT_SUBPROTOCOL, GUARDED_RETRY_S, SUBPROTOCOL,
+    GUARDED_RETRY_S, SUBPROTOCOL,
 };
 use crate::driver::admit::PendingGuard;
 use crate::driver::limits::bump;
@@ -38,12 +38,12 @@ impl Drop for InboundGuard {
 }
 
 /// Accepts the upgrade for peers that ask for [`SUBPROTOCOL`] and, when `clients` is set,
-/// for clients that ask for [`CLIENT_SUBPROTOCOL`] (noting it in `clients`); echoes it.
+/// for clients that ask for its subprotocol (noting it in the flag); echoes it.
 #[allow(clippy::result_large_err)] // the signature is tungstenite's
 pub(super) fn check_subprotocol(
     req: &Request,
     mut resp: Response,
-    clients: Option<&AtomicBool>,
+    clients: Option<(&'static str, &AtomicBool)>,
     admit: &mut dyn FnMut(bool) -> Option<u64>,
 ) -> Result<Response, ErrorResponse> {
     let offered: Vec<&str> = req
@@ -67,15 +67,16 @@ pub(super) fn check_subprotocol(
             return Err(busy(retry_s));
         }
         SUBPROTOCOL
-    } else if let (Some(flag), true) = (clients, offered.contains(&CLIENT_SUBPROTOCOL)) {
+    } else if let Some((name, flag)) = clients.filter(|(name, _)| offered.contains(name)) {
         if let Some(retry_s) = admit(true) {
             return Err(busy(retry_s));
         }
         flag.store(true, Ordering::Relaxed);
-        CLIENT_SUBPROTOCOL
+        name
     } else {
+        let clients = clients.map_or(String::new(), |(name, _)| format!(", clients {name}"));
         let mut e = ErrorResponse::new(Some(format!(
-            "roster peers speak the {SUBPROTOCOL} subprotocol, clients {CLIENT_SUBPROTOCOL}"
+            "roster peers speak the {SUBPROTOCOL} subprotocol{clients}"
         )));
         *e.status_mut() = StatusCode::BAD_REQUEST;
         return Err(e);
@@ -146,7 +147,7 @@ pub(super) async fn accept_over(
     (guard, pending): (InboundGuard, PendingGuard),
 ) -> Result<(), Fail> {
     let is_client = AtomicBool::new(false);
-    let flag = shared.clients.as_ref().map(|_| &is_client);
+    let flag = shared.clients.as_ref().map(|c| (c.name, &is_client));
     let establish = async {
         let (stream, cert) = stream.await?;
         let uncertified = matches!(cert, PeerCert::Missing);
@@ -226,7 +227,7 @@ pub(super) async fn accept_over(
                     _slot: guard,
                     pending: Some(pending),
                 };
-                if clients.send(conn).await.is_err() {
+                if clients.conns.send(conn).await.is_err() {
                     debug!(node = shared.node(), "a client connected while the node stops");
                 }
             }
