@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use roster_registry::{Health, ProviderId, ServiceName, Status};
 use roster_transport::driver::{DriverError, Handle, StartError};
 use roster_transport::handshake::Secret;
-use roster_transport::proto::MEMBERS_SERVICE;
+use roster_transport::proto::{self, MEMBERS_SERVICE};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -597,16 +597,12 @@ impl Node {
         let Some(owner) = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me) else {
             return Ok(());
         };
-        let Ok(members) = ServiceName::new(MEMBERS_SERVICE) else {
-            return Ok(());
-        };
-        let member = replica
-            .instances(&members, now)
-            .find(|i| i.provider.as_str() == format!("node-{owner}"));
+        let member = proto::live_members(&replica, now)
+            .into_iter()
+            .find(|m| m.id == owner);
         match member {
             Some(m) => {
-                let name = m.registration.meta.get("name").unwrap_or_default();
-                let url = m.registration.meta.get("url").unwrap_or_default();
+                let (name, url) = (m.name, m.url.unwrap_or_default());
                 Err(Error::OwnedElsewhere(format!(
                     "instance {service}/{provider} is registered by node {name} ({owner}, {url}); \
                      deregister it there first, or pick another --id"
@@ -693,21 +689,16 @@ impl Node {
         let now = now_ms();
         let mut out = Vec::new();
         let mut live = std::collections::BTreeSet::new();
-        let Ok(members) = ServiceName::new(MEMBERS_SERVICE) else {
-            return Ok(out);
-        };
-        for i in replica.instances(&members, now) {
-            let Some(id) = i.provider.as_str().strip_prefix("node-") else {
-                continue;
-            };
-            live.insert(id.to_string());
-            let heard = now.saturating_sub(i.lease.issued.millis());
-            let is_me = id == me.id.to_string();
-            let late = heard > i.lease.ttl_ms * 2 / 3;
+        for m in proto::live_members(&replica, now) {
+            let id = m.id.to_string();
+            live.insert(id.clone());
+            let heard = now.saturating_sub(m.lease.issued.millis());
+            let is_me = m.id == me.id;
+            let late = heard > m.lease.ttl_ms * 2 / 3;
             out.push(Member {
-                node: id.to_string(),
-                name: i.registration.meta.get("name").unwrap_or_default().to_string(),
-                address: i.registration.meta.get("url").unwrap_or_default().to_string(),
+                node: id,
+                name: m.name.to_string(),
+                address: m.url.unwrap_or_default().to_string(),
                 state: if late && !is_me {
                     MemberState::Suspect
                 } else {

@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    Bounds, CausalContext, Change, ClockSkew, Dot, Hlc, HlcClock, InvalidInput, Metadata, ProviderId,
-    Refusal, Replica, ReplicaId, ServiceName,
+    Bounds, CausalContext, Change, ClockSkew, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Refusal, Replica,
+    ReplicaId, ServiceName,
 };
 
 use crate::backoff::Backoff;
@@ -51,8 +51,8 @@ mod sync;
 mod time;
 
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
-use membership::{member_provider, members_service};
-pub use membership::{url_endpoint, MEMBERS_SERVICE};
+pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
+use membership::{member_meta, member_provider, members_service};
 use ownership::Owned;
 
 pub use config::Config;
@@ -369,7 +369,7 @@ impl Node {
     ) -> Result<(Self, Resume), InvalidInput> {
         let time = WallGuard::new(now);
         let endpoint = url_endpoint(&me.url)?;
-        let meta: Metadata = [("url", me.url.as_str()), ("name", me.name.as_str())].into();
+        let meta = member_meta(&me);
         roster_registry::validate_metadata(&meta)?;
         // A clock resumes after the newest time it stored, so its writes order after its
         // old ones; but never after now: a history stamped ahead by a clock since fixed
