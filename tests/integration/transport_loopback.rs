@@ -74,12 +74,17 @@ async fn start_with(replica: Replica, config: DriverConfig, seeds: &[&Handle]) -
 }
 
 /// Waits until `cond` holds, polling; fails the test after [`PATIENCE`].
-pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+pub(crate) async fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    eventually_within(PATIENCE, what, cond).await;
+}
+
+/// [`eventually`] with a patience of its own, for a wait that moves far more than usual.
+pub(crate) async fn eventually_within(patience: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
     while !cond() {
         assert!(
             Instant::now() < deadline,
-            "timed out after {PATIENCE:?} waiting for {what}"
+            "timed out after {patience:?} waiting for {what}"
         );
         sleep(Duration::from_millis(20)).await;
     }
@@ -776,8 +781,9 @@ async fn a_large_registry_syncs_in_chunks(tls: Option<&driver::TlsConfig>) {
     let a = start_with(big_a, cfg("a"), &[]).await;
     let b = start_with(big_b, cfg("b"), &[&a]).await;
     // Both registries and both members on each side: the same contexts (cheap to compare
-    // while waiting), then the same states.
-    eventually("both nodes to hold both registries", || {
+    // while waiting), then the same states. About 5 s alone in a debug build; beside other
+    // tests on two cores it once took more than the usual patience, so it has three times it.
+    eventually_within(PATIENCE * 3, "both nodes to hold both registries", || {
         let (ra, rb) = (a.replica(), b.replica());
         ra.state().registration_count() == 120_002
             && rb.state().registration_count() == 120_002
