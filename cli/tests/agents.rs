@@ -398,10 +398,10 @@ fn a_restarted_agent_has_its_registrations_and_replica_before_it_talks_to_a_peer
     assert_eq!(status["launches_recent"], 2);
 }
 
-/// The seed of a seeded test: `ROSTER_TEST_SEED`, or one from the clock; printed with how
+/// The seed of a seeded test: `ROSTER_SEED`, or one from the clock; printed with how
 /// to replay it (as `sim_seed` in tests/integration/support.rs does).
 fn test_seed(name: &str) -> u64 {
-    let seed = std::env::var("ROSTER_TEST_SEED")
+    let seed = std::env::var("ROSTER_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -410,7 +410,7 @@ fn test_seed(name: &str) -> u64 {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0)
         });
-    eprintln!("{name}: seed {seed}; replay with ROSTER_TEST_SEED={seed}");
+    eprintln!("{name}: seed {seed}; replay with ROSTER_SEED={seed}");
     seed
 }
 

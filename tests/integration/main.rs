@@ -1,6 +1,6 @@
 //! roster's integration tests: one test binary, one module per area.
 //!
-//! Property tests are seeded: each prints its seed on stderr, and `ROSTER_PROP_SEED=N`
+//! Property tests are seeded: each prints its seed on stderr, and `ROSTER_SEED=N`
 //! replays one. A failing seed, or the shrunk schedule quickcheck prints, becomes a named
 //! regression test in the module it came from.
 

@@ -4,7 +4,7 @@
 //! path, and a restart resumes with deltas. The crash-loop guard, `roster sync` across
 //! processes and saved backoff across real processes are tested in `cli/tests/agents.rs`.
 //!
-//! Simulations print their seed; `ROSTER_SIM_SEED=N` replays one.
+//! Simulations print their seed; `ROSTER_SEED=N` replays one.
 
 use roster_registry::{codec, Bounds, Endpoint, Hlc, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::backoff::{Backoff, Failure};

@@ -22,24 +22,24 @@ pub fn seed_from_env(var: &str) -> u64 {
 }
 
 /// The seed of a simulation named `name`, printed with how to replay it: from
-/// `ROSTER_SIM_SEED`, or from the clock.
+/// `ROSTER_SEED`, or from the clock.
 pub fn sim_seed(name: &str) -> u64 {
-    let seed = seed_from_env("ROSTER_SIM_SEED");
-    eprintln!("{name}: seed {seed}; replay with ROSTER_SIM_SEED={seed}");
+    let seed = seed_from_env("ROSTER_SEED");
+    eprintln!("{name}: seed {seed}; replay with ROSTER_SEED={seed}");
     seed
 }
 
 /// Runs a quickcheck property with a printed, replayable seed.
 ///
-/// The seed comes from `ROSTER_PROP_SEED`, or from the clock; the number of cases from
+/// The seed comes from `ROSTER_SEED`, or from the clock; the number of cases from
 /// `ROSTER_PROP_CASES`, or `cases`.
 pub fn check<A: Testable>(name: &str, cases: u64, prop: A) {
-    let seed = seed_from_env("ROSTER_PROP_SEED");
+    let seed = seed_from_env("ROSTER_SEED");
     let cases = std::env::var("ROSTER_PROP_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(cases);
-    eprintln!("{name}: seed {seed} ({cases} cases); replay with ROSTER_PROP_SEED={seed}");
+    eprintln!("{name}: seed {seed} ({cases} cases); replay with ROSTER_SEED={seed}");
     QuickCheck::new()
         .rng(Gen::from_size_and_seed(40, seed))
         .tests(cases)

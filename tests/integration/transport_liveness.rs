@@ -2,7 +2,7 @@
 //! seconds (long before its lease would end), a quick restart is never shown gone, and a
 //! live node written dead (behind a partition, or slow and lossy) comes back by itself.
 //!
-//! Each test prints its seed; `ROSTER_SIM_SEED=N` replays one. Times are the simulator's
+//! Each test prints its seed; `ROSTER_SEED=N` replays one. Times are the simulator's
 //! virtual time: deterministic for a seed, not measurements.
 
 use roster_registry::{Endpoint, ProviderId, ServiceName};

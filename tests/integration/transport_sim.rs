@@ -2,7 +2,7 @@
 //! (loss, duplication, reordering, partitions, crashes and restarts) under which safety must
 //! hold, then healing, after which every replica must converge within a bounded time.
 //!
-//! Each test prints its seed; `ROSTER_SIM_SEED=N` replays one.
+//! Each test prints its seed; `ROSTER_SEED=N` replays one.
 
 use std::collections::{BTreeMap, BTreeSet};
 

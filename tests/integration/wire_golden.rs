@@ -136,3 +136,21 @@ fn an_own_registration_keeps_its_encoding_on_disk() {
 }
 
 const OWNED_RECORD: &str = "03776562057765622d310d31302e302e302e373a3830383001047a6f6e650161b0ea0180d095ffbc3100000001066465706c6f790103b0ea019875010300";
+
+#[test]
+fn decoding_arbitrary_handshake_bytes_never_panics() {
+    fn prop(mut bytes: Vec<u8>, valid_prefix: bool) -> bool {
+        if valid_prefix {
+            let mut framed = postcard::to_stdvec(&roster_transport::message::PROTOCOL_VERSION).unwrap();
+            framed.append(&mut bytes);
+            bytes = framed;
+        }
+        let _ = HandshakeMessage::decode(&bytes);
+        true
+    }
+    crate::support::check(
+        "decoding_arbitrary_handshake_bytes_never_panics",
+        2_000,
+        prop as fn(Vec<u8>, bool) -> bool,
+    );
+}

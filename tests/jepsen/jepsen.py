@@ -37,7 +37,7 @@ GRACE = 3.0  # allowed beyond the lease for a dead node's instances to be gone e
 # theirs ends). The output shows them; the limit leaves room above.
 CONVERGE_LIMIT = 30.0
 SIDE_LIMIT = 10.0  # seconds for a write to reach its side of the cut
-SEED = int(os.environ.get("JEPSEN_SEED", str(random.randrange(1 << 30))))
+SEED = int(os.environ.get("ROSTER_SEED", str(random.randrange(1 << 30))))
 rng = random.Random(SEED)
 T0 = time.monotonic()
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
@@ -434,7 +434,7 @@ def run(work):
     def result(k, v):
         results.append((k, v))
 
-    log(f"seed {SEED} (JEPSEN_SEED={SEED} replays the writer's choices), work dir {work}")
+    log(f"seed {SEED} (ROSTER_SEED={SEED} replays the writer's choices), work dir {work}")
     net_up()
     c = Cluster(work)
     c.start_proxies()

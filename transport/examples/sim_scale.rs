@@ -1,7 +1,7 @@
 //! How the protocol's cost grows with cluster size, measured in the simulator.
 //!
 //! Run: `cargo run --release -p roster-transport --example sim_scale -- 10 100 1000`
-//! (sizes as arguments; `ROSTER_SIM_SEED` fixes the seed). For each size it bootstraps a
+//! (sizes as arguments; `ROSTER_SEED` fixes the seed). For each size it bootstraps a
 //! cluster, lets it settle, then measures:
 //! - how long a new registration takes to reach every node (virtual ms, and gossip ticks);
 //! - the bytes each node receives for that one update (the messages that carried it), as a
@@ -41,7 +41,7 @@ fn main() {
     } else {
         sizes
     };
-    let seed = std::env::var("ROSTER_SIM_SEED")
+    let seed = std::env::var("ROSTER_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(42);

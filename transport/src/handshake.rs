@@ -577,7 +577,6 @@ impl<'a> Server<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quickcheck::{QuickCheck, TestResult};
 
     const NOW: u64 = 1_700_000_000_000;
 
@@ -877,22 +876,6 @@ mod tests {
         let (_, hello) = Client::start(&a, [1; NONCE_LEN], NOW);
         let e = HandshakeMessage::decode(&hello.encode()).unwrap_err();
         assert!(e.to_string().contains("cluster name"), "{e}");
-    }
-
-    #[test]
-    fn decoding_arbitrary_bytes_never_panics() {
-        fn prop(mut bytes: Vec<u8>, valid_prefix: bool) -> TestResult {
-            if valid_prefix {
-                let mut framed = postcard::to_stdvec(&PROTOCOL_VERSION).unwrap();
-                framed.append(&mut bytes);
-                bytes = framed;
-            }
-            let _ = HandshakeMessage::decode(&bytes);
-            TestResult::passed()
-        }
-        QuickCheck::new()
-            .tests(2_000)
-            .quickcheck(prop as fn(Vec<u8>, bool) -> TestResult);
     }
 
     #[test]
