@@ -1,6 +1,6 @@
 //! How the protocol's cost grows with cluster size, measured in the simulator.
 //!
-//! Run: `cargo run --release -p roster-transport --example sim_scale -- 10 100 1000`
+//! Run: `cargo run --release -p roster-transport --features sim --example sim_scale -- 10 100 1000`
 //! (sizes as arguments; `ROSTER_SEED` fixes the seed). For each size it bootstraps a
 //! cluster, lets it settle, then measures:
 //! - how long a new registration takes to reach every node (virtual ms, and gossip ticks);

@@ -5,7 +5,8 @@
 //! - [`message`]: the messages nodes exchange and their encoding.
 //! - [`buffer`]: the numbered buffer of recent deltas each peer is brought up to date from.
 //! - [`backoff`]: the retry policy every retry uses (exponential, jittered, capped).
-//! - [`sim`]: a deterministic simulator that drives many nodes through faults in one thread.
+//! - `sim` (feature `sim`, for tests and benchmarks): a deterministic simulator that drives
+//!   many nodes through faults in one thread.
 //! - [`handshake`]: how two nodes authenticate each other (a challenge-response over the
 //!   cluster secret) before any protocol message.
 //! - [`keepalive`]: when a quiet link is pinged, and when a silent one is dead.
@@ -23,6 +24,7 @@ pub mod handshake;
 pub mod keepalive;
 pub mod message;
 pub mod proto;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 pub use roster_registry as registry;
