@@ -312,146 +312,9 @@ pub fn identity(data_dir: Option<PathBuf>, json: bool) -> Result<(), Fail> {
 /// Runs the agent until SIGINT or SIGTERM, then stops to start again (or leaves, with
 /// `--leave-on-terminate`); or until a client asks it to leave (`roster leave`).
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
-    let (file, text) = match &args.config {
-        Some(p) => read_config(p)?,
-        None => (FileConfig::default(), String::new()),
-    };
-    let cfg_path = args.config.clone().unwrap_or_default();
-    let listen = args
-        .listen
-        .or(file.listen)
-        .unwrap_or_else(|| roster::DEFAULT_LISTEN.to_string());
-    let advertise = args.advertise.or(file.advertise);
-    let join = if args.join.is_empty() {
-        file.join.unwrap_or_default()
-    } else {
-        args.join
-    };
-    let data_dir = match args.data_dir.or(file.data_dir) {
-        Some(d) => d,
-        None => default_data_dir()?,
-    };
-    let secret_file = args.cluster_secret_file.or(file.cluster_secret_file);
-    let node_name = args.node_name.or(file.node_name);
-    let fanout = args.fanout.or(file.fanout);
-    let gossip = match args.gossip_interval {
-        Some(d) => Some(d),
-        None => file_duration(&cfg_path, &text, "gossip-interval", file.gossip_interval)?,
-    };
-    let lease = match args.lease_ttl {
-        Some(d) => Some(d),
-        None => file_duration(&cfg_path, &text, "lease-ttl", file.lease_ttl)?,
-    };
-    let per_member = match args.lease_per_member {
-        Some(d) => Some(d),
-        None => file_duration(&cfg_path, &text, "lease-per-member", file.lease_per_member)?,
-    };
-    let sync_min = match args.sync_min_interval {
-        Some(d) => Some(d),
-        None => file_duration(&cfg_path, &text, "sync-min-interval", file.sync_min_interval)?,
-    };
-    let skew = match args.max_clock_skew {
-        Some(d) => Some(d),
-        None => file_duration(&cfg_path, &text, "max-clock-skew", file.max_clock_skew)?,
-    };
-    let cluster = args.cluster.or(file.cluster);
-    let guard = match (args.crash_guard, file.crash_guard) {
-        (Some(g), _) => g,
-        (None, Some(text_value)) => parse_guard(&text_value).map_err(|e| {
-            let line = key_line(&text, "crash-guard").unwrap_or(0);
-            Fail::usage(format!(
-                "config file {}, line {line}: crash-guard: {e}",
-                cfg_path.display()
-            ))
-        })?,
-        (None, None) => Guard::On(roster::DEFAULT_CRASH_GUARD),
-    };
-    let tls = tls_files(
-        args.tls_cert.or(file.tls_cert),
-        args.tls_key.or(file.tls_key),
-        args.tls_ca.or(file.tls_ca),
-    )?;
-
-    let mut b = roster::Node::builder()
-        .reset_identity(args.reset_identity)
-        .listen(listen)
-        .join(join.iter().cloned())
-        .data_dir(&data_dir)
-        .serve_clients(true)
-        .enable_exec_checks(args.enable_exec_checks || file.enable_exec_checks.unwrap_or(false));
-    if let Some(a) = advertise {
-        b = b.advertise(a);
-    }
-    if let Some(p) = &secret_file {
-        b = b.cluster_secret(read_secret(p)?);
-    }
-    if let Some(n) = node_name {
-        b = b.node_name(n);
-    }
-    if let Some(f) = fanout {
-        b = b.fanout(f);
-    }
-    if let Some(d) = gossip {
-        b = b.gossip_interval(d);
-    }
-    if let Some(d) = lease {
-        b = b.lease_ttl(d);
-    }
-    if let Some(d) = per_member {
-        b = b.lease_per_member(d);
-    }
-    if let Some(d) = sync_min {
-        b = b.sync_min_interval(d);
-    }
-    if let Some(d) = skew {
-        b = b.max_clock_skew(d);
-    }
-    if let Some(c) = cluster {
-        b = b.cluster(c);
-    }
-    if let Some((cert, key, ca)) = &tls {
-        b = b.tls(cert, key, ca);
-    }
-    b = b.crash_guard(match guard {
-        Guard::Off => None,
-        Guard::On(g) => Some(g),
-    });
-    let node = b.start().await.map_err(|e| {
-        use roster::transport::driver::StartError;
-        match e {
-            roster::Error::Invalid(m) if m.starts_with("TLS: ") => {
-                Fail::usage(format!("{m}; check --tls-cert, --tls-key and --tls-ca"))
-            }
-            roster::Error::Invalid(m) => Fail::usage(m),
-            roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
-                "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
-                 pass --cluster-secret-file FILE, or --listen 127.0.0.1:PORT"
-            )),
-            roster::Error::Start(e @ (StartError::Config(_) | StartError::Node(_) | StartError::Tls(_))) => {
-                Fail::usage(format!("{e}; check --advertise, --node-name and --cluster"))
-            }
-            other => Fail::failed(other.to_string()),
-        }
-    })?;
-    println!(
-        "roster agent {}: node {} ({}), pid {}",
-        env!("CARGO_PKG_VERSION"),
-        node.name(),
-        node.id(),
-        std::process::id()
-    );
-    let scheme = if tls.is_some() { "wss" } else { "ws" };
-    println!("listening on {scheme}://{}", node.local_addr());
-    if node.url() != format!("{scheme}://{}", node.local_addr()) {
-        println!("advertising {}", node.url());
-    }
-    println!("data in {}", data_dir.display());
-    if join.is_empty() {
-        println!("joining nobody (no --join): waiting for peers to dial in");
-    } else {
-        println!("joining {}", join.join(", "));
-    }
-    let leave_on_terminate = args.leave_on_terminate || file.leave_on_terminate.unwrap_or(false);
+    let settings = Settings::of(args)?;
+    let node = settings.builder()?.start().await.map_err(start_failed)?;
+    settings.announce(&node);
     tokio::select! {
         () = wait_for_signal() => {}
         () = node.closed() => {
@@ -460,7 +323,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
             return Ok(());
         }
     }
-    let closed = if leave_on_terminate {
+    let closed = if settings.leave_on_terminate {
         tracing::info!("leaving the cluster (--leave-on-terminate)");
         node.shutdown().await
     } else {
@@ -469,6 +332,178 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     };
     closed.map_err(|e| Fail::failed(format!("the last save failed: {e}")))?;
     Ok(())
+}
+
+/// What the agent runs with: each flag, else its key in the config file, else the default.
+struct Settings {
+    listen: String,
+    advertise: Option<String>,
+    join: Vec<String>,
+    data_dir: PathBuf,
+    secret_file: Option<PathBuf>,
+    node_name: Option<String>,
+    fanout: Option<usize>,
+    gossip: Option<Duration>,
+    lease: Option<Duration>,
+    per_member: Option<Duration>,
+    sync_min: Option<Duration>,
+    skew: Option<Duration>,
+    cluster: Option<String>,
+    guard: Guard,
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    reset_identity: bool,
+    exec_checks: bool,
+    leave_on_terminate: bool,
+}
+
+impl Settings {
+    /// The flags over the config file (`--config`), checked.
+    fn of(args: AgentArgs) -> Result<Self, Fail> {
+        let (file, text) = match &args.config {
+            Some(p) => read_config(p)?,
+            None => (FileConfig::default(), String::new()),
+        };
+        let cfg_path = args.config.clone().unwrap_or_default();
+        let duration = |flag: Option<Duration>, key: &str, value: Option<String>| match flag {
+            Some(d) => Ok(Some(d)),
+            None => file_duration(&cfg_path, &text, key, value),
+        };
+        Ok(Self {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| roster::DEFAULT_LISTEN.to_string()),
+            advertise: args.advertise.or(file.advertise),
+            join: if args.join.is_empty() {
+                file.join.unwrap_or_default()
+            } else {
+                args.join
+            },
+            data_dir: match args.data_dir.or(file.data_dir) {
+                Some(d) => d,
+                None => default_data_dir()?,
+            },
+            secret_file: args.cluster_secret_file.or(file.cluster_secret_file),
+            node_name: args.node_name.or(file.node_name),
+            fanout: args.fanout.or(file.fanout),
+            gossip: duration(args.gossip_interval, "gossip-interval", file.gossip_interval)?,
+            lease: duration(args.lease_ttl, "lease-ttl", file.lease_ttl)?,
+            per_member: duration(args.lease_per_member, "lease-per-member", file.lease_per_member)?,
+            sync_min: duration(
+                args.sync_min_interval,
+                "sync-min-interval",
+                file.sync_min_interval,
+            )?,
+            skew: duration(args.max_clock_skew, "max-clock-skew", file.max_clock_skew)?,
+            cluster: args.cluster.or(file.cluster),
+            guard: match (args.crash_guard, file.crash_guard) {
+                (Some(g), _) => g,
+                (None, Some(value)) => parse_guard(&value).map_err(|e| {
+                    let line = key_line(&text, "crash-guard").unwrap_or(0);
+                    Fail::usage(format!(
+                        "config file {}, line {line}: crash-guard: {e}",
+                        cfg_path.display()
+                    ))
+                })?,
+                (None, None) => Guard::On(roster::DEFAULT_CRASH_GUARD),
+            },
+            tls: tls_files(
+                args.tls_cert.or(file.tls_cert),
+                args.tls_key.or(file.tls_key),
+                args.tls_ca.or(file.tls_ca),
+            )?,
+            reset_identity: args.reset_identity,
+            exec_checks: args.enable_exec_checks || file.enable_exec_checks.unwrap_or(false),
+            leave_on_terminate: args.leave_on_terminate || file.leave_on_terminate.unwrap_or(false),
+        })
+    }
+
+    /// The node these settings describe (reading the secret file).
+    fn builder(&self) -> Result<roster::NodeBuilder, Fail> {
+        let mut b = roster::Node::builder()
+            .reset_identity(self.reset_identity)
+            .listen(self.listen.clone())
+            .join(self.join.iter().cloned())
+            .data_dir(&self.data_dir)
+            .serve_clients(true)
+            .enable_exec_checks(self.exec_checks);
+        if let Some(a) = &self.advertise {
+            b = b.advertise(a.clone());
+        }
+        if let Some(p) = &self.secret_file {
+            b = b.cluster_secret(read_secret(p)?);
+        }
+        if let Some(n) = &self.node_name {
+            b = b.node_name(n.clone());
+        }
+        if let Some(f) = self.fanout {
+            b = b.fanout(f);
+        }
+        type Set = fn(roster::NodeBuilder, Duration) -> roster::NodeBuilder;
+        let durations: [(Option<Duration>, Set); 5] = [
+            (self.gossip, roster::NodeBuilder::gossip_interval),
+            (self.lease, roster::NodeBuilder::lease_ttl),
+            (self.per_member, roster::NodeBuilder::lease_per_member),
+            (self.sync_min, roster::NodeBuilder::sync_min_interval),
+            (self.skew, roster::NodeBuilder::max_clock_skew),
+        ];
+        for (d, set) in durations {
+            if let Some(d) = d {
+                b = set(b, d);
+            }
+        }
+        if let Some(c) = &self.cluster {
+            b = b.cluster(c.clone());
+        }
+        if let Some((cert, key, ca)) = &self.tls {
+            b = b.tls(cert, key, ca);
+        }
+        Ok(b.crash_guard(match self.guard {
+            Guard::Off => None,
+            Guard::On(g) => Some(g),
+        }))
+    }
+
+    /// Prints who the agent is, where it listens and whom it joins.
+    fn announce(&self, node: &roster::Node) {
+        println!(
+            "roster agent {}: node {} ({}), pid {}",
+            env!("CARGO_PKG_VERSION"),
+            node.name(),
+            node.id(),
+            std::process::id()
+        );
+        let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+        println!("listening on {scheme}://{}", node.local_addr());
+        if node.url() != format!("{scheme}://{}", node.local_addr()) {
+            println!("advertising {}", node.url());
+        }
+        println!("data in {}", self.data_dir.display());
+        if self.join.is_empty() {
+            println!("joining nobody (no --join): waiting for peers to dial in");
+        } else {
+            println!("joining {}", self.join.join(", "));
+        }
+    }
+}
+
+/// Why the node did not start, as the agent's one-line error with what to check.
+fn start_failed(e: roster::Error) -> Fail {
+    use roster::transport::driver::StartError;
+    match e {
+        roster::Error::Invalid(m) if m.starts_with("TLS: ") => {
+            Fail::usage(format!("{m}; check --tls-cert, --tls-key and --tls-ca"))
+        }
+        roster::Error::Invalid(m) => Fail::usage(m),
+        roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
+            "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
+             pass --cluster-secret-file FILE, or --listen 127.0.0.1:PORT"
+        )),
+        roster::Error::Start(e @ (StartError::Config(_) | StartError::Node(_) | StartError::Tls(_))) => {
+            Fail::usage(format!("{e}; check --advertise, --node-name and --cluster"))
+        }
+        other => Fail::failed(other.to_string()),
+    }
 }
 
 async fn wait_for_signal() {
