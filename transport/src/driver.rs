@@ -72,7 +72,7 @@ pub use tls::{ClientTls, TlsConfig};
 
 use crate::handshake::{HandshakeConfig, Secret, MAX_CLUSTER_LEN, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::proto::{self, Node, NodeInfo, Resumed};
-use conn::{InboundGuard, Shared};
+use conn::{ConnEvent, InboundGuard, Shared};
 use node::{Command, NodeTask, Publish, Status};
 
 /// Change events a subscriber may fall behind by before it is told it lagged.
@@ -259,6 +259,70 @@ pub fn start(
     seeds: Vec<String>,
     shutdown: CancellationToken,
 ) -> Result<Handle, StartError> {
+    let (local_addr, tls, url) = checked(&listener, &config)?;
+    let info = NodeInfo {
+        id: replica.id(),
+        name: config.name.clone(),
+        url: url.clone(),
+    };
+    let seed = getrandom::u64().map_err(StartError::Random)?;
+    let guarded = config.resume.crash_guard;
+    let clocks = Clocks::start();
+    // Own registrations are written again by the node task, first thing: reads are served
+    // from the replica as loaded meanwhile (see `Handle::resumed`).
+    let (node, pending) = Node::with_deferred_resume(
+        info.clone(),
+        replica,
+        seeds,
+        config.protocol,
+        seed,
+        clocks.now(),
+        config.resume,
+    )?;
+
+    let shutdown = shutdown.child_token();
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let handshake = HandshakeConfig {
+        cluster: config.cluster.clone(),
+        node: info.clone(),
+        secret: config.secret.clone(),
+        max_skew_ms: config.protocol.max_skew_ms,
+    };
+    let shared = Arc::new(Shared::new(
+        handshake,
+        config.limits,
+        config.protocol.max_inbound,
+        events_tx,
+        shutdown.clone(),
+        tls,
+        config.clients,
+    ));
+    shared
+        .refuse_peers
+        .store(guarded, std::sync::atomic::Ordering::Relaxed);
+    if config.secret.is_none() {
+        warn!(node = info.name, %local_addr, "no cluster secret: peers are not authenticated (loopback only)");
+    }
+    info!(node = info.name, id = %info.id, %url, cluster = config.cluster, "listening");
+    let launch = Launch {
+        node,
+        pending,
+        clocks,
+        info,
+        local_addr,
+        shared,
+        events: events_rx,
+        shutdown,
+    };
+    Ok(launch.spawn(listener))
+}
+
+/// The listener's address, the TLS files loaded, and the advertised URL, once the
+/// configuration is found sound.
+fn checked(
+    listener: &TcpListener,
+    config: &DriverConfig,
+) -> Result<(SocketAddr, Option<tls::Tls>, String), StartError> {
     let local_addr = listener.local_addr().map_err(StartError::Listener)?;
     if config.secret.is_none() && !local_addr.ip().is_loopback() {
         return Err(StartError::Unauthenticated { addr: local_addr });
@@ -286,105 +350,80 @@ pub fn start(
             )));
         }
     }
-    let info = NodeInfo {
-        id: replica.id(),
-        name: config.name.clone(),
-        url: url.clone(),
-    };
-    let seed = getrandom::u64().map_err(StartError::Random)?;
-    let guarded = config.resume.crash_guard;
-    let clocks = Clocks::start();
-    // Own registrations are written again by the node task, first thing: reads are served
-    // from the replica as loaded meanwhile (see `Handle::resumed`).
-    let (mut node, pending) = Node::with_deferred_resume(
-        info.clone(),
-        replica,
-        seeds,
-        config.protocol,
-        seed,
-        clocks.now(),
-        config.resume,
-    )?;
+    Ok((local_addr, tls, url))
+}
 
-    let shutdown = shutdown.child_token();
-    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
-    let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
-    let (changes, _) = broadcast::channel(EVENT_CAPACITY);
-    // What resuming changed is the first snapshot's to save.
-    let unsaved = unsaved::Unsaved::default();
-    if let Some(changed) = node.take_changed() {
-        unsaved.give_back(changed);
-    }
-    let (replica_tx, replica_rx) = watch::channel(Arc::new(node.replica().clone()));
-    let (status_tx, status_rx) = watch::channel(Status::default());
-    let (done_tx, done_rx) = watch::channel(false);
-    let (resumed_tx, resumed_rx) = watch::channel(false);
-    let handshake = HandshakeConfig {
-        cluster: config.cluster.clone(),
-        node: info.clone(),
-        secret: config.secret.clone(),
-        max_skew_ms: config.protocol.max_skew_ms,
-    };
-    let shared = Arc::new(Shared::new(
-        handshake,
-        config.limits,
-        config.protocol.max_inbound,
-        events_tx,
-        shutdown.clone(),
-        tls,
-        config.clients,
-    ));
-    shared
-        .refuse_peers
-        .store(guarded, std::sync::atomic::Ordering::Relaxed);
-    let tracker = TaskTracker::new();
-    let span = tracing::info_span!("roster", node = %info.name);
+/// What a node's tasks start from, once its configuration was accepted.
+struct Launch {
+    node: Node,
+    /// What it writes again first (see [`Node::finish_resume`]).
+    pending: proto::Resume,
+    clocks: Clocks,
+    info: NodeInfo,
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    events: mpsc::Receiver<ConnEvent>,
+    shutdown: CancellationToken,
+}
 
-    if config.secret.is_none() {
-        warn!(node = info.name, %local_addr, "no cluster secret: peers are not authenticated (loopback only)");
-    }
-    info!(node = info.name, id = %info.id, %url, cluster = config.cluster, "listening");
-
-    tracker.spawn(accept_loop(listener, Arc::clone(&shared), tracker.clone()).instrument(span.clone()));
-    let mut task = NodeTask::new(
-        node,
-        clocks,
-        Arc::clone(&shared),
-        tracker,
-        commands_rx,
-        events_rx,
-        Publish {
-            changes: changes.clone(),
-            replica: replica_tx,
-            status: status_tx,
-            unsaved: unsaved.clone(),
-        },
-    );
-    let name = info.name.clone();
-    tokio::spawn(
-        async move {
-            log_resumed(&name, &task.finish_resume(pending));
-            resumed_tx.send_replace(true);
-            task.run().await;
-            done_tx.send_replace(true);
+impl Launch {
+    /// Spawns the accept loop and the node task; the handle reads what they publish.
+    fn spawn(mut self, listener: TcpListener) -> Handle {
+        let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let (changes, _) = broadcast::channel(EVENT_CAPACITY);
+        // What resuming changed is the first snapshot's to save.
+        let unsaved = unsaved::Unsaved::default();
+        if let Some(changed) = self.node.take_changed() {
+            unsaved.give_back(changed);
         }
-        .instrument(span),
-    );
-    Ok(Handle {
-        inner: Arc::new(Inner {
-            info,
-            local_addr,
-            commands: commands_tx,
-            replica: replica_rx,
-            changes,
-            status: status_rx,
-            unsaved,
-            shared,
-            shutdown,
-            done: done_rx,
-            resumed: resumed_rx,
-        }),
-    })
+        let (replica_tx, replica_rx) = watch::channel(Arc::new(self.node.replica().clone()));
+        let (status_tx, status_rx) = watch::channel(Status::default());
+        let (done_tx, done_rx) = watch::channel(false);
+        let (resumed_tx, resumed_rx) = watch::channel(false);
+        let tracker = TaskTracker::new();
+        let span = tracing::info_span!("roster", node = %self.info.name);
+        tracker
+            .spawn(accept_loop(listener, Arc::clone(&self.shared), tracker.clone()).instrument(span.clone()));
+        let mut task = NodeTask::new(
+            self.node,
+            self.clocks,
+            Arc::clone(&self.shared),
+            tracker,
+            commands_rx,
+            self.events,
+            Publish {
+                changes: changes.clone(),
+                replica: replica_tx,
+                status: status_tx,
+                unsaved: unsaved.clone(),
+            },
+        );
+        let (name, pending) = (self.info.name.clone(), self.pending);
+        tokio::spawn(
+            async move {
+                log_resumed(&name, &task.finish_resume(pending));
+                resumed_tx.send_replace(true);
+                task.run().await;
+                done_tx.send_replace(true);
+            }
+            .instrument(span),
+        );
+        Handle {
+            inner: Arc::new(Inner {
+                info: self.info,
+                local_addr: self.local_addr,
+                commands: commands_tx,
+                replica: replica_rx,
+                changes,
+                status: status_rx,
+                unsaved,
+                shared: self.shared,
+                shutdown: self.shutdown,
+                done: done_rx,
+                resumed: resumed_rx,
+            }),
+        }
+    }
 }
 
 fn log_resumed(node: &str, resumed: &Resumed) {
