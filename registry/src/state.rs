@@ -204,6 +204,16 @@ impl State {
         keys
     }
 
+    /// The registrations holding a write of one of `nodes`, in key order.
+    pub(crate) fn regs_with_writes_of<'a>(
+        &'a self,
+        nodes: &'a BTreeSet<ReplicaId>,
+    ) -> impl Iterator<Item = (&'a RegKey, &'a DotFun<Registration>)> + 'a {
+        self.regs
+            .iter()
+            .filter(|(_, f)| f.dots().any(|d| nodes.contains(&d.actor)))
+    }
+
     /// Whether `replica` wrote, under a counter up to `upto`, anything a read at `now_ms`
     /// could show (its live lease, or a registration while its lease is live) that
     /// `removed` does not name as seen. One scan of the store.

@@ -1,11 +1,12 @@
 //! Join, the lattice's least upper bound: how one store (registrations or leases) joins
-//! another key by key, what a join reports, and the `crdts` trait it implements.
+//! another key by key, what a join reports, what it taught the state (the effective delta,
+//! [`State::join_collecting`]), and the `crdts` trait it implements.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rpds::HashTrieMapSync;
 
-use super::{RegKey, State};
+use super::{RegKey, State, Touched};
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::ConflictingDot;
@@ -235,6 +236,198 @@ impl State {
         let regs = t.regs.iter().chain(other.regs.keys()).cloned().collect();
         let leases = t.leases.iter().chain(other.leases.keys()).cloned().collect();
         Some((regs, leases))
+    }
+
+    /// The keys (registrations, then the nodes of leases) a join of `other` into this
+    /// state may touch: those `other` names when it is a delta, else every key of both.
+    pub(crate) fn keys_a_join_may_touch(&self, other: &State) -> (BTreeSet<RegKey>, BTreeSet<ReplicaId>) {
+        State::keys_touched_by(other).unwrap_or_else(|| {
+            let regs = self.regs.keys().chain(other.regs.keys()).cloned().collect();
+            let leases = self.leases.keys().chain(other.leases.keys()).copied().collect();
+            (regs, leases)
+        })
+    }
+}
+
+/// What a state held, before a join, of what the join may change: enough to tell after it
+/// what the join taught the state (see [`State::join_collecting`]).
+struct BeforeJoin {
+    /// Whether the other state brings a retirement this one lacks.
+    brings_retirements: bool,
+    /// The replicas the other state's context names: only those can teach us dots.
+    replicas: BTreeSet<ReplicaId>,
+    /// What this state had seen of those (not its whole context, which names every node
+    /// that ever wrote).
+    ctx: CausalContext,
+    /// The keys the other state names, when it is a delta (see [`State::keys_touched_by`]).
+    incoming: Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)>,
+    /// The dots of each registration the join may touch.
+    reg_dots: BTreeMap<RegKey, Vec<Dot>>,
+    /// The dots of each lease the join may touch.
+    lease_dots: BTreeMap<ReplicaId, Vec<Dot>>,
+}
+
+impl BeforeJoin {
+    fn note(state: &State, other: &State) -> Self {
+        let brings_retirements = other
+            .ctx
+            .retired()
+            .any(|(r, x)| state.ctx.retired().all(|(b, y)| b != r || y < x));
+        // Only replicas the other side's context names can teach us dots: note what we had
+        // seen of those (not the whole context, which names every node that ever wrote).
+        let replicas: BTreeSet<ReplicaId> = other
+            .ctx
+            .ranges()
+            .map(|(r, _)| r)
+            .chain(other.ctx.cloud().map(|d| d.actor))
+            .collect();
+        let ctx = state.ctx.restricted_to(&replicas);
+        // Only the keys the join may touch can change: note their dots before.
+        let incoming = State::keys_touched_by(other);
+        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ReplicaId>) = match &incoming {
+            Some((r, l)) => (r.iter().cloned().collect(), l.iter().copied().collect()),
+            None => (
+                state.regs.keys().cloned().collect(),
+                state.leases.keys().copied().collect(),
+            ),
+        };
+        let reg_dots: BTreeMap<RegKey, Vec<Dot>> = reg_keys
+            .into_iter()
+            .map(|k| {
+                let dots = state.reg_dots(&k);
+                (k, dots)
+            })
+            .collect();
+        let lease_dots: BTreeMap<ReplicaId, Vec<Dot>> =
+            lease_keys.into_iter().map(|n| (n, state.lease_dots(n))).collect();
+        Self {
+            brings_retirements,
+            replicas,
+            ctx,
+            incoming,
+            reg_dots,
+            lease_dots,
+        }
+    }
+}
+
+impl State {
+    /// Joins `other` into this state, as [`State::join`] does, and returns besides the
+    /// report the **effective delta**: a small state holding exactly what the join taught
+    /// this state (the writes it added, the dots it removed, the dots it newly saw).
+    ///
+    /// The delta is `None` when the join taught more than `max_new_dots` new dots, or
+    /// brought retirements.
+    pub(crate) fn join_collecting(
+        &mut self,
+        other: State,
+        max_new_dots: usize,
+    ) -> (JoinReport, Option<State>) {
+        let before = BeforeJoin::note(self, &other);
+        let report = self.join(other);
+        if !report.changed() {
+            return (report, Some(State::new_delta()));
+        }
+        if before.brings_retirements {
+            return (report, None);
+        }
+        let effective = self.taught(before, &report, max_new_dots);
+        (report, effective)
+    }
+
+    /// What a join that gave `report` taught this state, which held `before` before it:
+    /// see [`State::join_collecting`].
+    fn taught(&self, before: BeforeJoin, report: &JoinReport, max_new_dots: usize) -> Option<State> {
+        let (delta, mut dots, hint) = self.entries_changed(&before, report);
+        // The dots newly seen without a value (removals we never saw the writes of): for
+        // each replica, between what we had seen whole and the newest dot now seen.
+        let keyed: BTreeSet<Dot> = dots.iter().cloned().collect();
+        let mut unknown_keys = false;
+        for d in self.newly_seen(&before, max_new_dots)? {
+            unknown_keys |= !keyed.contains(&d);
+            dots.push(d);
+        }
+        dots.sort();
+        dots.dedup();
+        if dots.len() > max_new_dots {
+            return None;
+        }
+        let mut delta = delta.with_context(CausalContext::from_dots(dots));
+        // A dot seen without its write has no key we know. If what we joined was a delta,
+        // the keys it named (its store's and its hint's) hold every dot its context reaches,
+        // ours among them: name those too (our join visited no others). After a full state,
+        // the delta cannot name every key it reaches into: it then joins like a full state
+        // (every key visited, at every peer it reaches).
+        delta.touched = match (unknown_keys, before.incoming) {
+            (false, _) => Some(hint),
+            (true, Some((regs, leases))) => Some(Touched {
+                regs: hint.regs.into_iter().chain(regs).collect(),
+                leases: hint.leases.into_iter().chain(leases).collect(),
+            }),
+            (true, None) => None,
+        };
+        Some(delta)
+    }
+
+    /// The entries a join that gave `report` changed, from their dots `before` it: a delta
+    /// holding the writes it added, the dots it removed or added, and the keys it changed.
+    fn entries_changed(&self, before: &BeforeJoin, report: &JoinReport) -> (State, Vec<Dot>, Touched) {
+        let mut delta = State::new_delta();
+        let mut dots: Vec<Dot> = Vec::new();
+        let mut hint = Touched::default();
+        for k in &report.regs {
+            let before = before.reg_dots.get(k).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.reg(k).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.reg(k) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_reg(k.clone(), d.clone(), v.clone());
+                    dots.push(d.clone());
+                }
+            }
+            hint.regs.insert(k.clone());
+        }
+        for &n in &report.leases {
+            let before = before.lease_dots.get(&n).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.lease(n).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.lease(n) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_lease(n, d.clone(), *v);
+                    dots.push(d.clone());
+                }
+            }
+            hint.leases.insert(n);
+        }
+        (delta, dots, hint)
+    }
+
+    /// The dots this state has seen since `before`, of the replicas `before` names; `None`
+    /// when one replica taught more than `max_new_dots`.
+    fn newly_seen(&self, before: &BeforeJoin, max_new_dots: usize) -> Option<Vec<Dot>> {
+        let after = &self.ctx;
+        let mut new = Vec::new();
+        // Only replicas the other side's context names can have taught us dots.
+        for &r in &before.replicas {
+            let (lo, hi) = (before.ctx.seen_through(r), after.max_counter(r));
+            if hi.saturating_sub(lo) > max_new_dots as u64 {
+                return None;
+            }
+            new.extend(
+                (lo + 1..=hi)
+                    .map(|c| crate::id::dot(r, c))
+                    .filter(|d| after.contains(d) && !before.ctx.contains(d)),
+            );
+        }
+        Some(new)
     }
 }
 
