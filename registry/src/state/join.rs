@@ -1,0 +1,461 @@
+//! Join, the lattice's least upper bound: how one store (registrations or leases) joins
+//! another key by key, what a join reports, what it taught the state (the effective delta,
+//! [`State::join_collecting`]), and the `crdts` trait it implements.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rpds::HashTrieMapSync;
+
+use super::{RegKey, State, Touched};
+use crate::context::CausalContext;
+use crate::dotfun::DotFun;
+use crate::error::ConflictingDot;
+use crate::id::{Dot, ReplicaId};
+use crate::regstore::{replacements, RegStore};
+use crate::value::Registration;
+
+/// What a join touched: the keys whose dots changed, and whether the context grew.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct JoinReport {
+    /// Registrations that gained or lost a dot.
+    pub regs: BTreeSet<RegKey>,
+    /// Nodes whose lease gained or lost a dot.
+    pub leases: BTreeSet<ReplicaId>,
+    /// Whether the join taught this state a dot it had not seen.
+    pub context_grew: bool,
+}
+
+impl JoinReport {
+    /// Whether the join changed anything: false means the other state was already included.
+    pub fn changed(&self) -> bool {
+        self.context_grew || !self.regs.is_empty() || !self.leases.is_empty()
+    }
+}
+
+/// A map from keys to dot functions: the registrations ([`RegStore`], which counts their
+/// writers) or the leases. Every change goes through `update`, `insert_fun` and
+/// `replace_all`, so a map can keep an index in step.
+trait FunMap<K: 'static, V: 'static> {
+    /// Runs `op` on the function under `k` and drops it if `op` empties it; `None` when
+    /// there is none.
+    fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R>;
+    fn insert_fun(&mut self, k: K, f: DotFun<V>);
+    fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)>;
+    /// Replaces every function for which `op` gives a replacement, dropping the empty ones.
+    fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>);
+}
+
+impl FunMap<RegKey, Registration> for RegStore {
+    fn update<R>(&mut self, k: &RegKey, op: impl FnOnce(&mut DotFun<Registration>) -> R) -> Option<R> {
+        RegStore::update(self, k, op)
+    }
+    fn insert_fun(&mut self, k: RegKey, f: DotFun<Registration>) {
+        self.insert(k, f);
+    }
+    fn funs(&self) -> impl Iterator<Item = (&RegKey, &DotFun<Registration>)> {
+        self.iter()
+    }
+    fn replace_all(
+        &mut self,
+        op: impl FnMut(&RegKey, &DotFun<Registration>) -> Option<DotFun<Registration>>,
+    ) {
+        RegStore::replace_all(self, op);
+    }
+}
+impl<K, V, S> FunMap<K, V> for HashTrieMapSync<K, DotFun<V>, S>
+where
+    K: std::hash::Hash + Eq + Clone + 'static,
+    V: Clone + 'static,
+    S: std::hash::BuildHasher + Clone,
+{
+    fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R> {
+        // Looked up first: `get_mut` copies the path to a missing key too.
+        if !self.contains_key(k) {
+            return None;
+        }
+        let f = self.get_mut(k)?;
+        let r = op(f);
+        if f.is_empty() {
+            self.remove_mut(k);
+        }
+        Some(r)
+    }
+    fn insert_fun(&mut self, k: K, f: DotFun<V>) {
+        self.insert_mut(k, f);
+    }
+    fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)> {
+        self.iter()
+    }
+    fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>) {
+        for (k, f) in replacements(self.iter(), op) {
+            if f.is_empty() {
+                self.remove_mut(&k);
+            } else {
+                self.insert_mut(k, f);
+            }
+        }
+    }
+}
+
+/// Joins one store (registrations or leases): first every key the other side stores, then
+/// the keys its context may reach into: the ones it names (`touched`) or, for a full state,
+/// all of ours. Returns the keys that changed.
+fn join_store<K: Ord + Clone + 'static, V: Clone + 'static, M: FunMap<K, V>>(
+    mine: &mut M,
+    theirs: &M,
+    touched: Option<&BTreeSet<K>>,
+    my_ctx: &CausalContext,
+    their_ctx: &CausalContext,
+) -> BTreeSet<K> {
+    let mut changed = BTreeSet::new();
+    // The keys `other` stores are joined with their dots first; the touched keys and (for a
+    // full state) our other keys only lose what `other` removed.
+    let their_keys: BTreeSet<K> = theirs.funs().map(|(k, _)| k.clone()).collect();
+    for (k, f) in theirs.funs() {
+        if join_key(mine, k, Some(f), my_ctx, their_ctx) {
+            changed.insert(k.clone());
+        }
+    }
+    match touched {
+        Some(keys) => {
+            for k in keys.iter().filter(|k| !their_keys.contains(*k)) {
+                if join_key(mine, k, None, my_ctx, their_ctx) {
+                    changed.insert(k.clone());
+                }
+            }
+        }
+        None => mine.replace_all(|k, f| {
+            if their_keys.contains(k) {
+                return None;
+            }
+            let kept = f.without_seen(their_ctx)?;
+            changed.insert(k.clone());
+            Some(kept)
+        }),
+    }
+    changed
+}
+
+/// Joins one key: keeps our dots that `other` stores too or has never seen, adds theirs that
+/// we have never seen, and drops the key if it empties. Returns whether anything changed.
+fn join_key<K: Clone + 'static, V: Clone + 'static>(
+    map: &mut impl FunMap<K, V>,
+    k: &K,
+    theirs: Option<&DotFun<V>>,
+    my_ctx: &CausalContext,
+    their_ctx: &CausalContext,
+) -> bool {
+    let mut theirs = Some(theirs);
+    let joined = map.update(k, |mine| {
+        let theirs = theirs.take().flatten();
+        let mut changed = mine.retain_unseen_or_stored(their_ctx, theirs);
+        for (d, v) in theirs.into_iter().flat_map(DotFun::iter) {
+            if !my_ctx.contains(d) {
+                changed |= mine.insert(d.clone(), v.clone());
+            }
+        }
+        if changed {
+            mine.shrink();
+        }
+        changed
+    });
+    match joined {
+        Some(changed) => changed,
+        None => {
+            let theirs = theirs.take().flatten();
+            let new: Vec<(Dot, V)> = theirs
+                .into_iter()
+                .flat_map(DotFun::iter)
+                .filter(|(d, _)| !my_ctx.contains(d))
+                .map(|(d, v)| (d.clone(), v.clone()))
+                .collect();
+            if new.is_empty() {
+                return false;
+            }
+            map.insert_fun(k.clone(), DotFun::from_vec(new));
+            true
+        }
+    }
+}
+
+impl State {
+    /// Joins `other` into this state: the least upper bound of the two.
+    ///
+    /// Idempotent, commutative and associative, so deltas may arrive in any order, twice, or
+    /// never (a later join of a full state repairs the loss). A delta costs
+    /// `O(|delta| log |self|)`; a full state visits every key of both.
+    pub fn join(&mut self, mut other: State) -> JoinReport {
+        let mut report = JoinReport {
+            context_grew: !self.ctx.includes(&other.ctx),
+            ..JoinReport::default()
+        };
+        let their_touched = other.touched.take();
+        // A delta buffer keeps naming every key it may reach into; a full state names none.
+        match (&mut self.touched, &their_touched) {
+            (Some(_), None) => self.touched = None,
+            (Some(mine), Some(theirs)) => {
+                mine.regs.extend(theirs.regs.iter().cloned());
+                mine.regs.extend(other.regs.keys().cloned());
+                mine.leases.extend(theirs.leases.iter().cloned());
+                mine.leases.extend(other.leases.keys().cloned());
+            }
+            (None, _) => {}
+        }
+        let (my_ctx, their_ctx) = (&self.ctx, &other.ctx);
+        let touched = their_touched.as_ref();
+        report.regs = join_store(
+            &mut self.regs,
+            &other.regs,
+            touched.map(|t| &t.regs),
+            my_ctx,
+            their_ctx,
+        );
+        report.leases = join_store(
+            &mut self.leases,
+            &other.leases,
+            touched.map(|t| &t.leases),
+            my_ctx,
+            their_ctx,
+        );
+        if let Some(mine) = &mut self.touched {
+            // Keys this join emptied are no longer in the store but still reached into.
+            mine.regs.extend(report.regs.iter().cloned());
+            mine.leases.extend(report.leases.iter().cloned());
+        }
+        // Contexts join by union.
+        if report.context_grew {
+            self.ctx.join(&other.ctx);
+        }
+        report
+    }
+
+    /// The keys (registrations, then the nodes of leases) a join with `other` may touch;
+    /// `None` when `other` is a full state and every key may be touched.
+    pub(crate) fn keys_touched_by(other: &State) -> Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)> {
+        let t = other.touched.as_ref()?;
+        let regs = t.regs.iter().chain(other.regs.keys()).cloned().collect();
+        let leases = t.leases.iter().chain(other.leases.keys()).cloned().collect();
+        Some((regs, leases))
+    }
+
+    /// The keys (registrations, then the nodes of leases) a join of `other` into this
+    /// state may touch: those `other` names when it is a delta, else every key of both.
+    pub(crate) fn keys_a_join_may_touch(&self, other: &State) -> (BTreeSet<RegKey>, BTreeSet<ReplicaId>) {
+        State::keys_touched_by(other).unwrap_or_else(|| {
+            let regs = self.regs.keys().chain(other.regs.keys()).cloned().collect();
+            let leases = self.leases.keys().chain(other.leases.keys()).copied().collect();
+            (regs, leases)
+        })
+    }
+}
+
+/// What a state held, before a join, of what the join may change: enough to tell after it
+/// what the join taught the state (see [`State::join_collecting`]).
+struct BeforeJoin {
+    /// Whether the other state brings a retirement this one lacks.
+    brings_retirements: bool,
+    /// The replicas the other state's context names: only those can teach us dots.
+    replicas: BTreeSet<ReplicaId>,
+    /// What this state had seen of those (not its whole context, which names every node
+    /// that ever wrote).
+    ctx: CausalContext,
+    /// The keys the other state names, when it is a delta (see [`State::keys_touched_by`]).
+    incoming: Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)>,
+    /// The dots of each registration the join may touch.
+    reg_dots: BTreeMap<RegKey, Vec<Dot>>,
+    /// The dots of each lease the join may touch.
+    lease_dots: BTreeMap<ReplicaId, Vec<Dot>>,
+}
+
+impl BeforeJoin {
+    fn note(state: &State, other: &State) -> Self {
+        let brings_retirements = other
+            .ctx
+            .retired()
+            .any(|(r, x)| state.ctx.retired().all(|(b, y)| b != r || y < x));
+        // Only replicas the other side's context names can teach us dots: note what we had
+        // seen of those (not the whole context, which names every node that ever wrote).
+        let replicas: BTreeSet<ReplicaId> = other
+            .ctx
+            .ranges()
+            .map(|(r, _)| r)
+            .chain(other.ctx.cloud().map(|d| d.actor))
+            .collect();
+        let ctx = state.ctx.restricted_to(&replicas);
+        // Only the keys the join may touch can change: note their dots before.
+        let incoming = State::keys_touched_by(other);
+        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ReplicaId>) = match &incoming {
+            Some((r, l)) => (r.iter().cloned().collect(), l.iter().copied().collect()),
+            None => (
+                state.regs.keys().cloned().collect(),
+                state.leases.keys().copied().collect(),
+            ),
+        };
+        let reg_dots: BTreeMap<RegKey, Vec<Dot>> = reg_keys
+            .into_iter()
+            .map(|k| {
+                let dots = state.reg_dots(&k);
+                (k, dots)
+            })
+            .collect();
+        let lease_dots: BTreeMap<ReplicaId, Vec<Dot>> =
+            lease_keys.into_iter().map(|n| (n, state.lease_dots(n))).collect();
+        Self {
+            brings_retirements,
+            replicas,
+            ctx,
+            incoming,
+            reg_dots,
+            lease_dots,
+        }
+    }
+}
+
+impl State {
+    /// Joins `other` into this state, as [`State::join`] does, and returns besides the
+    /// report the **effective delta**: a small state holding exactly what the join taught
+    /// this state (the writes it added, the dots it removed, the dots it newly saw).
+    ///
+    /// The delta is `None` when the join taught more than `max_new_dots` new dots, or
+    /// brought retirements.
+    pub(crate) fn join_collecting(
+        &mut self,
+        other: State,
+        max_new_dots: usize,
+    ) -> (JoinReport, Option<State>) {
+        let before = BeforeJoin::note(self, &other);
+        let report = self.join(other);
+        if !report.changed() {
+            return (report, Some(State::new_delta()));
+        }
+        if before.brings_retirements {
+            return (report, None);
+        }
+        let effective = self.taught(before, &report, max_new_dots);
+        (report, effective)
+    }
+
+    /// What a join that gave `report` taught this state, which held `before` before it:
+    /// see [`State::join_collecting`].
+    fn taught(&self, before: BeforeJoin, report: &JoinReport, max_new_dots: usize) -> Option<State> {
+        let (delta, mut dots, hint) = self.entries_changed(&before, report);
+        // The dots newly seen without a value (removals we never saw the writes of): for
+        // each replica, between what we had seen whole and the newest dot now seen.
+        let keyed: BTreeSet<Dot> = dots.iter().cloned().collect();
+        let mut unknown_keys = false;
+        for d in self.newly_seen(&before, max_new_dots)? {
+            unknown_keys |= !keyed.contains(&d);
+            dots.push(d);
+        }
+        dots.sort();
+        dots.dedup();
+        if dots.len() > max_new_dots {
+            return None;
+        }
+        let mut delta = delta.with_context(CausalContext::from_dots(dots));
+        // A dot seen without its write has no key we know. If what we joined was a delta,
+        // the keys it named (its store's and its hint's) hold every dot its context reaches,
+        // ours among them: name those too (our join visited no others). After a full state,
+        // the delta cannot name every key it reaches into: it then joins like a full state
+        // (every key visited, at every peer it reaches).
+        delta.touched = match (unknown_keys, before.incoming) {
+            (false, _) => Some(hint),
+            (true, Some((regs, leases))) => Some(Touched {
+                regs: hint.regs.into_iter().chain(regs).collect(),
+                leases: hint.leases.into_iter().chain(leases).collect(),
+            }),
+            (true, None) => None,
+        };
+        Some(delta)
+    }
+
+    /// The entries a join that gave `report` changed, from their dots `before` it: a delta
+    /// holding the writes it added, the dots it removed or added, and the keys it changed.
+    fn entries_changed(&self, before: &BeforeJoin, report: &JoinReport) -> (State, Vec<Dot>, Touched) {
+        let mut delta = State::new_delta();
+        let mut dots: Vec<Dot> = Vec::new();
+        let mut hint = Touched::default();
+        for k in &report.regs {
+            let before = before.reg_dots.get(k).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.reg(k).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.reg(k) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_reg(k.clone(), d.clone(), v.clone());
+                    dots.push(d.clone());
+                }
+            }
+            hint.regs.insert(k.clone());
+        }
+        for &n in &report.leases {
+            let before = before.lease_dots.get(&n).map(Vec::as_slice).unwrap_or_default();
+            dots.extend(
+                before
+                    .iter()
+                    .filter(|d| !self.lease(n).is_some_and(|f| f.contains(d)))
+                    .cloned(),
+            );
+            if let Some(f) = self.lease(n) {
+                for (d, v) in f.iter().filter(|(d, _)| !before.contains(d)) {
+                    delta.insert_lease(n, d.clone(), *v);
+                    dots.push(d.clone());
+                }
+            }
+            hint.leases.insert(n);
+        }
+        (delta, dots, hint)
+    }
+
+    /// The dots this state has seen since `before`, of the replicas `before` names; `None`
+    /// when one replica taught more than `max_new_dots`.
+    fn newly_seen(&self, before: &BeforeJoin, max_new_dots: usize) -> Option<Vec<Dot>> {
+        let after = &self.ctx;
+        let mut new = Vec::new();
+        // Only replicas the other side's context names can have taught us dots.
+        for &r in &before.replicas {
+            let (lo, hi) = (before.ctx.seen_through(r), after.max_counter(r));
+            if hi.saturating_sub(lo) > max_new_dots as u64 {
+                return None;
+            }
+            new.extend(
+                (lo + 1..=hi)
+                    .map(|c| crate::id::dot(r, c))
+                    .filter(|d| after.contains(d) && !before.ctx.contains(d)),
+            );
+        }
+        Some(new)
+    }
+}
+
+/// The `crdts` crate's state-based CRDT trait: `merge` is [`State::join`].
+impl crdts::CvRDT for State {
+    type Validation = ConflictingDot;
+
+    /// Checks that every dot both states store names the same write. A dot names one
+    /// write, so a difference means a node reused a counter.
+    fn validate_merge(&self, other: &Self) -> Result<(), ConflictingDot> {
+        fn check<V: PartialEq>(mine: Option<&DotFun<V>>, theirs: &DotFun<V>) -> Result<(), ConflictingDot> {
+            for (d, v) in theirs.iter() {
+                if mine.and_then(|m| m.get(d)).is_some_and(|m| m != v) {
+                    return Err(ConflictingDot { dot: format!("{d}") });
+                }
+            }
+            Ok(())
+        }
+        for (k, f) in &other.regs {
+            check(self.regs.get(k), f)?;
+        }
+        for (p, f) in &other.leases {
+            check(self.leases.get(p), f)?;
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.join(other);
+    }
+}
