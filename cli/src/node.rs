@@ -4,19 +4,17 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use roster_registry::{Health, ProviderId, ServiceName, Status};
-use roster_transport::driver::{DriverError, Handle, StartError};
+use roster_transport::driver::Handle;
 use roster_transport::handshake::Secret;
 use roster_transport::proto::{self, MEMBERS_SERVICE};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{CountersView, ExplainView, InstanceView, MemberView, PeerView, StatusView, WriteView};
-use crate::check::Check;
-use crate::store::{OwnedRecord, Store, StoreError, StoreHealth};
+use crate::store::{OwnedRecord, Store, StoreHealth};
 
 mod builder;
 mod bulk;
@@ -25,12 +23,14 @@ mod bulk_tests;
 mod checks;
 #[cfg(test)]
 mod disk_tests;
+mod error;
 mod group;
 #[cfg(test)]
 mod group_tests;
 mod health;
 #[cfg(test)]
 mod health_tests;
+mod inspect;
 
 /// A node for the tests beside this file: on a free loopback port, over `dir`, without
 /// the crash-loop guard.
@@ -48,10 +48,14 @@ async fn test_node(dir: &std::path::Path) -> Node {
 mod registration;
 mod tasks;
 mod unsaved;
+mod values;
 mod watch;
 
 pub use builder::NodeBuilder;
+pub use error::Error;
 pub use registration::Registration;
+use values::ms;
+pub use values::{Event, Instance, Member, MemberState, Service};
 pub use watch::Watch;
 
 pub use bulk::MAX_BATCH_ITEMS;
@@ -112,277 +116,6 @@ pub const MIN_REGISTRATION_TTL: Duration = Duration::from_secs(1);
 pub const MAX_REGISTRATION_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Client connections waiting to be served.
 const CLIENT_QUEUE: usize = 64;
-
-/// Why a node could not start or do what it was asked. Nothing changed.
-///
-/// Its `Debug` is its one-line message, so a service whose `main` returns it (through `?`
-/// and `Box<dyn Error>`) prints `Error: cannot listen on ...: ...; pick another --listen
-/// address`, not the variant's fields.
-#[derive(thiserror::Error)]
-pub enum Error {
-    /// Bad input: a name, an address, metadata, a TTL.
-    #[error("{0}")]
-    Invalid(String),
-    /// The data directory.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}; pick another --listen address or stop what uses it")]
-    Listen {
-        /// The address.
-        addr: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The transport refused the configuration.
-    #[error(transparent)]
-    Start(#[from] StartError),
-    /// The node has stopped.
-    #[error("the node has stopped")]
-    Stopped,
-    /// Nothing by that name.
-    #[error("{0}")]
-    NotFound(String),
-    /// The instance id is registered by another live node.
-    #[error("{0}")]
-    OwnedElsewhere(String),
-    /// A task of the node (a disk write run off the async threads) panicked or was cancelled:
-    /// a bug, not bad input. Nothing it was doing is known to have happened.
-    #[error("a task of the node failed: {0}; this is a bug in roster, please report it")]
-    TaskFailed(String),
-    /// A throttled action ran too recently.
-    #[error("{message}")]
-    Throttled {
-        /// What to do.
-        message: String,
-        /// When it may run again.
-        retry_after: Duration,
-    },
-}
-
-impl std::fmt::Debug for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
-    }
-}
-
-impl From<DriverError> for Error {
-    fn from(e: DriverError) -> Self {
-        match e {
-            DriverError::Stopped => Error::Stopped,
-            DriverError::Invalid(e) => Error::Invalid(e.to_string()),
-            e @ DriverError::InvalidItem { .. } => Error::Invalid(e.to_string()),
-        }
-    }
-}
-
-/// A service instance to register: a name, an address, metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Service {
-    name: String,
-    address: String,
-    meta: Vec<(String, String)>,
-    id: Option<String>,
-    ttl: Option<Duration>,
-    checks: Vec<Check>,
-}
-
-impl Service {
-    /// An instance of service `name` listening at `address` (`host:port`).
-    pub fn new(name: impl Into<String>, address: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            address: address.into(),
-            meta: Vec::new(),
-            id: None,
-            ttl: None,
-            checks: Vec::new(),
-        }
-    }
-
-    /// Adds a health check, run by this node while it owns the registration (at most
-    /// [`crate::check::MAX_CHECKS`]). An instance with checks starts critical (not served)
-    /// until its first probe passes; its status is the worst of its checks'.
-    #[must_use]
-    pub fn check(mut self, check: Check) -> Self {
-        self.checks.push(check);
-        self
-    }
-
-    /// Adds a metadata pair. A key given twice is refused when registering.
-    #[must_use]
-    pub fn meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.meta.push((key.into(), value.into()));
-        self
-    }
-
-    /// The instance id (default: `<service>-<node name>`): stable across restarts, so a
-    /// restart is an update, not a removal and an addition.
-    #[must_use]
-    pub fn id(mut self, id: impl Into<String>) -> Self {
-        self.id = Some(id.into());
-        self
-    }
-
-    /// Ends the registration after `ttl` unless it is registered again (default: never);
-    /// from [`MIN_REGISTRATION_TTL`] (1 s) to [`MAX_REGISTRATION_TTL`] (24 h).
-    #[must_use]
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-}
-
-/// A live instance, as a read returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Instance {
-    /// The service.
-    pub service: String,
-    /// The instance id.
-    pub id: String,
-    /// `host:port`.
-    pub address: String,
-    /// Its metadata.
-    pub meta: BTreeMap<String, String>,
-    /// How it is doing: [`Node::lookup`] returns passing and warning instances only.
-    pub status: Health,
-    /// Why (a check's output, a maintenance reason); empty when there is nothing to say.
-    pub note: String,
-    /// The node that registered it (16 hex digits).
-    pub node: String,
-    /// When it was first registered (kept across updates and its node's restarts).
-    pub registered_at: SystemTime,
-    /// When its lease ends unless renewed.
-    pub lease_expires_at: SystemTime,
-}
-
-impl Instance {
-    fn from_registry(i: &roster_registry::Instance) -> Self {
-        Self {
-            service: i.service.as_str().to_string(),
-            id: i.provider.as_str().to_string(),
-            address: i.endpoint.to_string(),
-            meta: i
-                .meta
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            status: i.status.health,
-            note: i.status.note.clone(),
-            node: i.node.to_string(),
-            registered_at: at(i.since_ms),
-            lease_expires_at: at(i.lease_deadline_ms),
-        }
-    }
-
-    /// Whether a read returns it unless asked for every instance.
-    pub fn is_served(&self) -> bool {
-        self.status.is_served()
-    }
-
-    /// Whether `other` shows the same to a reader: address, metadata and status (not the
-    /// lease, which moves with every renewal of its node).
-    pub(crate) fn shows_as(&self, other: &Instance) -> bool {
-        (&self.address, &self.meta, self.status, &self.note)
-            == (&other.address, &other.meta, other.status, &other.note)
-    }
-
-    pub(crate) fn view(&self) -> InstanceView {
-        InstanceView {
-            service: self.service.clone(),
-            instance: self.id.clone(),
-            address: self.address.clone(),
-            meta: self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            status: self.status.as_str().to_string(),
-            note: self.note.clone(),
-            node: self.node.clone(),
-            registered_at_ms: ms(self.registered_at),
-            lease_expires_at_ms: ms(self.lease_expires_at),
-        }
-    }
-}
-
-/// How a node of the cluster is doing, as this node sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberState {
-    /// Its lease is live and renewed on time.
-    Alive,
-    /// Its lease is live, but its renewal is late.
-    Suspect,
-    /// Lost lately: its lease ended, or it was written dead, or it left.
-    Gone,
-}
-
-impl MemberState {
-    /// The name, as `roster members` shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Alive => "alive",
-            Self::Suspect => "suspect",
-            Self::Gone => "gone",
-        }
-    }
-}
-
-/// A node of the cluster, as [`Node::members`] returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// Its id (16 hex digits).
-    pub node: String,
-    /// Its name.
-    pub name: String,
-    /// Its URL.
-    pub address: String,
-    /// How it is doing.
-    pub state: MemberState,
-    /// How long ago it was last heard of.
-    pub last_heard: Duration,
-}
-
-impl Member {
-    pub(crate) fn view(&self) -> MemberView {
-        MemberView {
-            node: self.node.clone(),
-            name: self.name.clone(),
-            address: self.address.clone(),
-            state: self.state.as_str().to_string(),
-            last_heard_ms: ms_of(self.last_heard),
-        }
-    }
-}
-
-fn ms_of(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A change a watch sees.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// The instance is up: new to the watch, or its address or metadata changed.
-    Up(Instance),
-    /// Only the instance's status (or its note) changed, and it is still shown.
-    Status(Instance),
-    /// The instance is down: deregistered, its lease ended, or no longer served (critical
-    /// or in maintenance, for a watch of served instances).
-    Down {
-        /// The service.
-        service: String,
-        /// The instance id.
-        id: String,
-        /// The address it had when this watch last showed it (empty for one the watch
-        /// never showed: a remote client's, resumed with `WatchFrom`).
-        address: String,
-    },
-}
-
-fn at(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
-
-fn ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// The wall clock, in milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
@@ -675,238 +408,6 @@ impl Node {
             .filter(|(s, _)| s.as_str() != MEMBERS_SERVICE)
             .map(|(s, n)| (s.as_str().to_string(), n))
             .collect()
-    }
-
-    /// The nodes of the cluster: live members (alive, or suspect when their renewal is
-    /// late) and nodes lost lately (gone).
-    ///
-    /// # Errors
-    /// [`Error::Stopped`].
-    pub async fn members(&self) -> Result<Vec<Member>, Error> {
-        let me = self.inner.handle.info().clone();
-        let known = self.inner.handle.inspect(|n, _| n.known_peers()).await?;
-        let replica = self.inner.handle.replica();
-        let now = now_ms();
-        let mut out = Vec::new();
-        let mut live = std::collections::BTreeSet::new();
-        for m in proto::live_members(&replica, now) {
-            let id = m.id.to_string();
-            live.insert(id.clone());
-            let heard = now.saturating_sub(m.lease.issued.millis());
-            let is_me = m.id == me.id;
-            let late = heard > m.lease.ttl_ms * 2 / 3;
-            out.push(Member {
-                node: id,
-                name: m.name.to_string(),
-                address: m.url.unwrap_or_default().to_string(),
-                state: if late && !is_me {
-                    MemberState::Suspect
-                } else {
-                    MemberState::Alive
-                },
-                last_heard: Duration::from_millis(if is_me { 0 } else { heard }),
-            });
-        }
-        for p in known {
-            let id = p.id.to_string();
-            if live.contains(&id) {
-                continue;
-            }
-            out.push(Member {
-                node: id,
-                name: p.name.unwrap_or_default(),
-                address: p.url.unwrap_or_default(),
-                state: MemberState::Gone,
-                last_heard: Duration::from_millis(now.saturating_sub(p.last_seen_ms)),
-            });
-        }
-        out.sort_by(|a, b| (a.name.as_str(), a.node.as_str()).cmp(&(b.name.as_str(), b.node.as_str())));
-        Ok(out)
-    }
-
-    /// This node: identity, uptime, peers, launches and counters.
-    ///
-    /// # Errors
-    /// [`Error::Stopped`].
-    pub async fn status(&self) -> Result<StatusView, Error> {
-        let info = self.inner.handle.info().clone();
-        let names: BTreeMap<String, (String, String)> = self
-            .members()
-            .await?
-            .into_iter()
-            .map(|m| (m.node, (m.name, m.address)))
-            .collect();
-        let mut peers: Vec<PeerView> = self
-            .inner
-            .handle
-            .connected()
-            .into_iter()
-            .map(|(id, outbound)| {
-                let id = id.to_string();
-                let (name, address) = names.get(&id).cloned().unwrap_or_default();
-                PeerView {
-                    node: id,
-                    name,
-                    address,
-                    direction: if outbound { "outbound" } else { "inbound" }.to_string(),
-                }
-            })
-            .collect();
-        peers.sort_by(|a, b| a.node.cmp(&b.node));
-        let services = self.services();
-        let c = self.inner.handle.counters();
-        Ok(StatusView {
-            node: info.id.to_string(),
-            name: info.name.clone(),
-            address: info.url.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            uptime_ms: millis(self.inner.started.elapsed()),
-            peers,
-            launches_recent: self.inner.launches_recent,
-            crash_guard: self.inner.guarded.load(std::sync::atomic::Ordering::Relaxed),
-            data_dir: self.inner.data_dir.as_ref().map(|d| d.display().to_string()),
-            services: services.len() as u64,
-            instances: services.iter().map(|(_, n)| *n as u64).sum(),
-            store: self.store_health().map(|h| crate::api::StoreView {
-                since_ms: h.since_ms,
-                last_error: h.last_error,
-                failures: h.failures,
-                next_retry_ms: h.next_retry_ms,
-            }),
-            synced: self.inner.handle.is_synced(),
-            counters: CountersView {
-                connections_opened: c.protocol.dials,
-                connections_accepted: c
-                    .driver
-                    .inbound_accepted
-                    .saturating_sub(c.driver.clients_accepted),
-                frames_sent: c.driver.frames_sent,
-                bytes_sent: c.driver.bytes_sent,
-                frames_received: c.driver.frames_received,
-                bytes_received: c.driver.bytes_received,
-                deltas_applied: c.protocol.deltas_applied,
-                full_syncs_sent: c.protocol.full_syncs_sent,
-                full_syncs_received: c.protocol.full_syncs_received,
-                states_refused: c.protocol.states_refused,
-                forgeries_refuted: c.protocol.forgeries_refuted,
-                overwrites_repaired: c.protocol.overwrites_repaired,
-                deaths_written: c.protocol.deaths_written,
-                deaths_refuted: c.protocol.deaths_refuted,
-            },
-        })
-    }
-
-    /// Where a registration came from: its writes (dot, node, time), its lease, and which
-    /// peers have acknowledged the winning write.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] when the replica holds nothing under that name;
-    /// [`Error::Stopped`].
-    pub async fn explain(&self, service: &str, instance: &str) -> Result<ExplainView, Error> {
-        let not_found = || {
-            Error::NotFound(format!(
-                "no registration {instance:?} of {service:?} here; `roster get {service}` lists the live ones"
-            ))
-        };
-        let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
-            return Err(not_found());
-        };
-        let replica = self.inner.handle.replica();
-        let now = now_ms();
-        let prov = replica.explain(&s, &p, now).ok_or_else(not_found)?;
-        let names: BTreeMap<String, String> = self
-            .members()
-            .await?
-            .into_iter()
-            .map(|m| (m.node, m.name))
-            .collect();
-        let winner = prov.winner.clone();
-        let acked = match winner.clone() {
-            Some(d) => self.inner.handle.inspect(move |n, _| n.acknowledged(&d)).await?,
-            None => Vec::new(),
-        };
-        let dot = |d: &roster_registry::Dot| format!("{}:{}", d.actor, d.counter);
-        Ok(ExplainView {
-            service: service.to_string(),
-            instance: instance.to_string(),
-            live: prov.live,
-            winner: winner.as_ref().map(dot),
-            writes: prov
-                .writes
-                .iter()
-                .map(|(d, r)| WriteView {
-                    dot: dot(d),
-                    node: d.actor.to_string(),
-                    node_name: names.get(&d.actor.to_string()).cloned().unwrap_or_default(),
-                    written_ms: r.written.millis(),
-                    written_logical: r.written.logical(),
-                    address: r.endpoint.to_string(),
-                    lease_dot: dot(&r.lease_dot),
-                })
-                .collect(),
-            // The lease the winning write lives by: that of the node that wrote it.
-            lease: prov
-                .leases
-                .iter()
-                .filter(|(d, _)| prov.winner.as_ref().is_some_and(|w| w.actor == d.actor))
-                .max_by_key(|(_, l)| l.issued)
-                .map(|(d, l)| (dot(d), l.issued.millis(), l.deadline_ms())),
-            acknowledged_by: acked
-                .into_iter()
-                .map(|id| {
-                    let id = id.to_string();
-                    match names.get(&id) {
-                        Some(n) if !n.is_empty() => format!("{n} ({id})"),
-                        _ => id,
-                    }
-                })
-                .collect(),
-        })
-    }
-
-    /// Asks a peer for an anti-entropy round now, at most once per `sync_min_interval`
-    /// (the last run is saved on disk, so a restart does not reset the throttle).
-    /// Returns whether a peer was connected to ask.
-    ///
-    /// # Errors
-    /// [`Error::Throttled`] with when it may run next; [`Error::Stopped`].
-    pub async fn sync(&self) -> Result<bool, Error> {
-        let now = now_ms();
-        let store = self.inner.store();
-        let in_memory = self.inner.last_sync.lock().ok().and_then(|l| *l);
-        let last = match &store {
-            Some(store) => store.last_run("sync")?.max(in_memory),
-            None => in_memory,
-        };
-        let min = millis(self.inner.sync_min_interval);
-        if let Some(last) = last {
-            let next = last.saturating_add(min);
-            if next > now {
-                let wait = Duration::from_millis(next - now);
-                return Err(Error::Throttled {
-                    message: format!(
-                        "a sync ran {} ago; the next may run in {} (--sync-min-interval {})",
-                        humantime::format_duration(Duration::from_millis((now - last) / 1000 * 1000)),
-                        humantime::format_duration(Duration::from_millis(
-                            wait.as_millis().div_ceil(1000) as u64 * 1000
-                        )),
-                        humantime::format_duration(self.inner.sync_min_interval),
-                    ),
-                    retry_after: wait,
-                });
-            }
-        }
-        let asked = self.inner.handle.sync_now().await?;
-        // Only a sync that asked a peer counts against the throttle.
-        if asked {
-            if let Ok(mut l) = self.inner.last_sync.lock() {
-                *l = Some(now);
-            }
-            if let Some(store) = &store {
-                store.set_last_run("sync", now)?;
-            }
-        }
-        Ok(asked)
     }
 
     /// Leaves the cluster gracefully: deregisters what this node owns (peers drop it at

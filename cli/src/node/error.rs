@@ -1,0 +1,70 @@
+//! Why a node could not start or do what it was asked.
+
+use std::time::Duration;
+
+use roster_transport::driver::{DriverError, StartError};
+
+use crate::store::StoreError;
+
+/// Why a node could not start or do what it was asked. Nothing changed.
+///
+/// Its `Debug` is its one-line message, so a service whose `main` returns it (through `?`
+/// and `Box<dyn Error>`) prints `Error: cannot listen on ...: ...; pick another --listen
+/// address`, not the variant's fields.
+#[derive(thiserror::Error)]
+pub enum Error {
+    /// Bad input: a name, an address, metadata, a TTL.
+    #[error("{0}")]
+    Invalid(String),
+    /// The data directory.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}; pick another --listen address or stop what uses it")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The transport refused the configuration.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The node has stopped.
+    #[error("the node has stopped")]
+    Stopped,
+    /// Nothing by that name.
+    #[error("{0}")]
+    NotFound(String),
+    /// The instance id is registered by another live node.
+    #[error("{0}")]
+    OwnedElsewhere(String),
+    /// A task of the node (a disk write run off the async threads) panicked or was cancelled:
+    /// a bug, not bad input. Nothing it was doing is known to have happened.
+    #[error("a task of the node failed: {0}; this is a bug in roster, please report it")]
+    TaskFailed(String),
+    /// A throttled action ran too recently.
+    #[error("{message}")]
+    Throttled {
+        /// What to do.
+        message: String,
+        /// When it may run again.
+        retry_after: Duration,
+    },
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        match e {
+            DriverError::Stopped => Error::Stopped,
+            DriverError::Invalid(e) => Error::Invalid(e.to_string()),
+            e @ DriverError::InvalidItem { .. } => Error::Invalid(e.to_string()),
+        }
+    }
+}
