@@ -1,0 +1,134 @@
+//! A registration this node owns, as saved, and the keys it is saved under.
+
+use roster_registry::{Endpoint, Health, Metadata, ProviderId, RegKey, ServiceName, Status};
+use roster_transport::proto::OwnedRegistration;
+use serde::{Deserialize, Serialize};
+
+use crate::check::Check;
+
+/// A registration this node owns, as saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnedRecord {
+    /// The service.
+    pub service: String,
+    /// The instance (provider) id.
+    pub instance: String,
+    /// `host:port`.
+    pub address: String,
+    /// Metadata pairs.
+    pub meta: Vec<(String, String)>,
+    /// The node's lease when it was saved, in milliseconds. Kept so the record's encoding
+    /// stays the same; a registration lives by its node's lease of the current run.
+    pub lease_ttl_ms: u64,
+    /// When it was registered (wall ms).
+    pub registered_at_ms: u64,
+    /// When it ends unless registered again (wall ms); `None`: until deregistered.
+    pub expires_at_ms: Option<u64>,
+    // Appended in 0.x (records of older builds end above: see `OwnedRecord::decode`).
+    /// Its health as last written by its checks (passing when it has none).
+    pub status: Status,
+    /// Why an operator took it out of service (`roster maint`); `None`: in service.
+    pub maintenance: Option<String>,
+    /// Its health checks, run by this node.
+    pub checks: Vec<Check>,
+}
+
+/// An own registration as builds before health checks saved it.
+#[derive(Deserialize)]
+pub(super) struct OwnedRecordV1 {
+    service: String,
+    instance: String,
+    address: String,
+    meta: Vec<(String, String)>,
+    lease_ttl_ms: u64,
+    registered_at_ms: u64,
+    expires_at_ms: Option<u64>,
+}
+
+impl OwnedRecord {
+    /// The key in the `owned` and `removed` tables.
+    pub fn key(&self) -> String {
+        key(&self.service, &self.instance)
+    }
+
+    /// A saved record: this build's, or an older build's (passing, in service, no checks).
+    ///
+    /// # Errors
+    /// Why the bytes are neither.
+    pub fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        // A record of an older build is a prefix of this build's shape (fields were
+        // appended), and an older build reading ours stops where its shape ends.
+        postcard::from_bytes(bytes).or_else(|e| {
+            // All of the bytes: a record of ours cut short is refused, not read as older.
+            let old: OwnedRecordV1 = match postcard::take_from_bytes(bytes) {
+                Ok((old, [])) => old,
+                _ => return Err(e),
+            };
+            Ok(Self {
+                service: old.service,
+                instance: old.instance,
+                address: old.address,
+                meta: old.meta,
+                lease_ttl_ms: old.lease_ttl_ms,
+                registered_at_ms: old.registered_at_ms,
+                expires_at_ms: old.expires_at_ms,
+                status: Status::passing(),
+                maintenance: None,
+                checks: Vec::new(),
+            })
+        })
+    }
+
+    /// The status to write: maintenance (with its reason) while an operator holds it out
+    /// of service, else what its checks decided.
+    pub fn effective_status(&self) -> Status {
+        match &self.maintenance {
+            Some(reason) => Status::new(Health::Maintenance, reason),
+            None => self.status.clone(),
+        }
+    }
+
+    /// The registration to write into the replica, checked.
+    ///
+    /// # Errors
+    /// A message naming the rule a part breaks.
+    pub fn registration(&self) -> Result<OwnedRegistration, String> {
+        let (service, provider, endpoint, meta) = self.parts()?;
+        let status = self.effective_status();
+        status.validate().map_err(|e| e.to_string())?;
+        Ok(OwnedRegistration {
+            service,
+            provider,
+            endpoint,
+            meta,
+            status,
+            since_ms: self.registered_at_ms,
+        })
+    }
+
+    /// The typed parts, checked.
+    ///
+    /// # Errors
+    /// A message naming the rule a part breaks.
+    pub fn parts(&self) -> Result<(ServiceName, ProviderId, Endpoint, Metadata), String> {
+        let service = ServiceName::new(&self.service).map_err(|e| e.to_string())?;
+        let provider = ProviderId::new(&self.instance).map_err(|e| e.to_string())?;
+        let endpoint = Endpoint::parse(&self.address).map_err(|e| e.to_string())?;
+        let meta: Metadata = self.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        roster_registry::validate_metadata(&meta).map_err(|e| e.to_string())?;
+        Ok((service, provider, endpoint, meta))
+    }
+}
+
+pub(super) fn key(service: &str, instance: &str) -> String {
+    // Neither part may contain a '/' (service names are DNS-like, ids have no '/').
+    format!("{service}/{instance}")
+}
+
+pub(super) fn split_key(k: &str) -> Option<RegKey> {
+    let (s, p) = k.split_once('/')?;
+    Some(RegKey {
+        service: ServiceName::new(s).ok()?,
+        provider: ProviderId::new(p).ok()?,
+    })
+}
