@@ -290,30 +290,9 @@ impl Node {
             time,
         };
         node.start_ctx = node.replica.context().clone();
-        for m in &resume.peers {
-            if m.id == node.me.id {
-                continue;
-            }
-            let p = node.peers.entry(m.id).or_default();
-            p.url = m.url.clone();
-            p.name = m.name.clone();
-            // Saved in wall time; kept in monotonic time.
-            p.backoff = time.backoff_to_mono(m.backoff);
-            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
-            p.last_seen_ms = now.wall_ms;
-        }
-        for (url, b) in &resume.seeds {
-            if let Some(s) = node.seeds.get_mut(url) {
-                s.backoff = time.backoff_to_mono(*b);
-            }
-        }
+        node.remember(&resume, time, now);
         if node.guarded {
-            // What the processes before it shipped is alive at its peers until its lease
-            // ends: dial only when a third of it is left (at once when nothing is known).
-            let due = node
-                .leases_shipped
-                .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
-            node.guard_dial_at = time.mono_of(due).max(now.mono_ms);
+            node.guard_dial_at = node.guarded_dial_at(time, now);
         }
         node.register(
             members_service(),
@@ -323,6 +302,39 @@ impl Node {
             now,
         )?;
         Ok((node, resume))
+    }
+
+    /// Takes what the process before it remembered of its peers and seeds: their URLs and
+    /// names, and their backoffs and last full states (saved in wall time, kept in
+    /// monotonic time).
+    fn remember(&mut self, resume: &Resume, time: WallGuard, now: Now) {
+        for m in &resume.peers {
+            if m.id == self.me.id {
+                continue;
+            }
+            let p = self.peers.entry(m.id).or_default();
+            p.url = m.url.clone();
+            p.name = m.name.clone();
+            // Saved in wall time; kept in monotonic time.
+            p.backoff = time.backoff_to_mono(m.backoff);
+            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
+            p.last_seen_ms = now.wall_ms;
+        }
+        for (url, b) in &resume.seeds {
+            if let Some(s) = self.seeds.get_mut(url) {
+                s.backoff = time.backoff_to_mono(*b);
+            }
+        }
+    }
+
+    /// Under the crash-loop guard, when the node may first dial (monotonic ms).
+    fn guarded_dial_at(&self, time: WallGuard, now: Now) -> u64 {
+        // What the processes before it shipped is alive at its peers until its lease
+        // ends: dial only when a third of it is left (at once when nothing is known).
+        let due = self
+            .leases_shipped
+            .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
+        time.mono_of(due).max(now.mono_ms)
     }
 
     /// Who this node is.
