@@ -15,13 +15,7 @@ impl Node {
         if !self.cfg.dial || self.stopping || (self.guarded && now.mono_ms < self.guard_dial_at) {
             return;
         }
-        let outbound = self.conns.values().filter(|c| c.outbound).count()
-            + self.peers.values().filter(|p| p.dialing).count()
-            + self.seeds.values().filter(|s| s.dialing).count();
-        // Under the crash-loop guard, one connection is enough to keep what it owns alive
-        // and to receive deltas.
-        let max = if self.guarded { 1 } else { self.cfg.max_outbound };
-        let mut room = max.saturating_sub(outbound);
+        let room = self.outbound_room();
         if room == 0 {
             return;
         }
@@ -32,25 +26,65 @@ impl Node {
         // Where every node we know or knew stands (only while seeds may be retried): a seed
         // there is no stranger, even once its lease has ended here (behind a partition).
         let known_urls: BTreeSet<String> = if seeds_early {
-            members
-                .iter()
-                .map(|(_, url, _)| url.clone())
-                .chain(
-                    self.peers
-                        .values()
-                        .flat_map(|p| [p.url.clone(), p.advertised.clone()])
-                        .flatten(),
-                )
-                .collect()
+            self.known_urls(&members)
         } else {
             BTreeSet::new()
         };
+        let candidates = self.dial_candidates(members, &connected, now);
+        let room = self.dial_peers(candidates, room);
+        // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
+        // also dials each seed it has not reached and at which no node it knows stands:
+        // nodes started together can join as two groups, each having reached only its own
+        // while the others were not up yet, and then nothing joined the groups (a Jepsen
+        // start, seed 981752295: {a,b,e} and {c,d} for good).
+        let alone = connected.is_empty() && !knows_members;
+        if alone || seeds_early {
+            self.dial_seeds(alone, &known_urls, room, now);
+        }
+    }
+
+    /// How many more outbound connections may be dialed: the cap less those open or being
+    /// dialed.
+    fn outbound_room(&self) -> usize {
+        let outbound = self.conns.values().filter(|c| c.outbound).count()
+            + self.peers.values().filter(|p| p.dialing).count()
+            + self.seeds.values().filter(|s| s.dialing).count();
+        // Under the crash-loop guard, one connection is enough to keep what it owns alive
+        // and to receive deltas.
+        let max = if self.guarded { 1 } else { self.cfg.max_outbound };
+        max.saturating_sub(outbound)
+    }
+
+    /// The URLs of every live member and of every peer we know or knew (where it is dialed,
+    /// and where it said it was).
+    fn known_urls(&self, members: &[(ReplicaId, String, String)]) -> BTreeSet<String> {
+        members
+            .iter()
+            .map(|(_, url, _)| url.clone())
+            .chain(
+                self.peers
+                    .values()
+                    .flat_map(|p| [p.url.clone(), p.advertised.clone()])
+                    .flatten(),
+            )
+            .collect()
+    }
+
+    /// The peers that may be dialed now, by id, each once: live members, peers lately
+    /// written dead and, when alone, lost peers; none connected, none at our own address,
+    /// none dialing or backing off; only those with the fewest failed attempts.
+    fn dial_candidates(
+        &self,
+        members: Vec<(ReplicaId, String, String)>,
+        connected: &BTreeSet<ReplicaId>,
+        now: Now,
+    ) -> Vec<(ReplicaId, String)> {
         // Alone, a node also dials peers that were members and are not now: their leases
         // ended while it heard nobody. In a partition, the peers on its side are among
         // them; left to `reconnect_lost` (one dial per 30 s), a side whose links all
         // crossed the cut stayed without a link that long.
         let lost = if connected.is_empty() {
-            self.lost_peers(&members, &connected)
+            self.lost_peers(&members, connected)
         } else {
             Vec::new()
         };
@@ -81,6 +115,11 @@ impl Node {
         if let Some(fewest) = candidates.iter().map(|(id, _)| failures(id)).min() {
             candidates.retain(|(id, _)| failures(id) == fewest);
         }
+        candidates
+    }
+
+    /// Dials up to `room` of `candidates`, drawn at random; returns the room left.
+    fn dial_peers(&mut self, mut candidates: Vec<(ReplicaId, String)>, mut room: usize) -> usize {
         while room > 0 && !candidates.is_empty() {
             let i = self.rng.random_range(0..candidates.len());
             let (id, url) = candidates.swap_remove(i);
@@ -89,31 +128,30 @@ impl Node {
             self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
             room -= 1;
         }
-        // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
-        // also dials each seed it has not reached and at which no node it knows stands:
-        // nodes started together can join as two groups, each having reached only its own
-        // while the others were not up yet, and then nothing joined the groups (a Jepsen
-        // start, seed 981752295: {a,b,e} and {c,d} for good).
-        let alone = connected.is_empty() && !knows_members;
-        if alone || seeds_early {
-            let mut ready: Vec<String> = self
-                .seeds
-                .iter()
-                .filter(|(_, s)| !s.dialing && s.backoff.ready(now.mono_ms))
-                .map(|(u, _)| u.clone())
-                .filter(|u| {
-                    alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
-                })
-                .collect();
-            while room > 0 && !ready.is_empty() {
-                room -= 1;
-                let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
-                if let Some(s) = self.seeds.get_mut(&url) {
-                    s.dialing = true;
-                }
-                self.counters.dials += 1;
-                self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
+        room
+    }
+
+    /// Dials up to `room` seeds, drawn at random among those not dialing and past their
+    /// backoff: any of them when `alone`, else only those not reached yet at which no node
+    /// in `known_urls` stands.
+    fn dial_seeds(&mut self, alone: bool, known_urls: &BTreeSet<String>, mut room: usize, now: Now) {
+        let mut ready: Vec<String> = self
+            .seeds
+            .iter()
+            .filter(|(_, s)| !s.dialing && s.backoff.ready(now.mono_ms))
+            .map(|(u, _)| u.clone())
+            .filter(|u| {
+                alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
+            })
+            .collect();
+        while room > 0 && !ready.is_empty() {
+            room -= 1;
+            let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
+            if let Some(s) = self.seeds.get_mut(&url) {
+                s.dialing = true;
             }
+            self.counters.dials += 1;
+            self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
         }
     }
 

@@ -55,69 +55,9 @@ impl Node {
             .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
         self.heard_from(peer);
         match envelope.message {
-            Message::Digest { ctx, reply, state } => {
-                let theirs = message::decode_digest(&ctx)?;
-                self.refute(&theirs, now);
-                let ours = self.replica.context().clone();
-                let p = self.peers.entry(peer).or_default();
-                p.digest = Some(Box::new(theirs.clone()));
-                p.digest_sent_at = None;
-                // A digest that asks, from a peer in step: answer with the hashes, or it
-                // would ask again every repair round (see `on_digest_hash`).
-                if let Some(hash) = state {
-                    if self.adopt_equal(peer, &theirs, &ours, hash) && !reply {
-                        self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
-                    }
-                }
-                if !theirs.includes(&ours) {
-                    // They lack something: from the buffer if it covers them, else in full.
-                    // A full state already on its way (not yet acknowledged) is not sent
-                    // again: a large one takes the peer a while to join, and digests it
-                    // sent meanwhile would otherwise each cost another.
-                    let acked = self.peers.get(&peer).and_then(|p| p.acked);
-                    let in_flight = self.full_in_flight(peer, now);
-                    match acked {
-                        // Only if what came after its acknowledgement is all it lacks: a
-                        // peer that acknowledged a delta and was killed before saving it
-                        // comes back without it, and the deltas after would never bring it.
-                        Some(a)
-                            if self.buffer.covers(a)
-                                && a < self.buffer.head()
-                                && self.deltas_since_fill(a, peer, &theirs, &ours) =>
-                        {
-                            self.sync_peer(peer, false, now)
-                        }
-                        // Under the crash-loop guard, no full state unless the peer asks.
-                        None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now),
-                        _ if in_flight || self.guarded => {}
-                        _ => self.send_full(peer, &theirs, now),
-                    }
-                }
-                if !reply && !ours.includes(&theirs) {
-                    self.send(conn, Message::digest(&ours, true, None), now);
-                }
-            }
-            Message::Delta { seq, delta } => {
-                let delta = message::decode_delta(&delta)?;
-                self.peers.entry(peer).or_default().digest_sent_at = None;
-                self.admit(&delta, now)?;
-                self.apply(peer, delta, now);
-                self.owe_ack(conn, seq, now);
-            }
-            Message::Elided { seq, elided } => {
-                let elided = message::decode_elided(&elided)?;
-                self.peers.entry(peer).or_default().digest_sent_at = None;
-                self.counters.full_syncs_received += 1;
-                match elided.into_state(self.replica.state()) {
-                    Ok(full) => {
-                        self.admit(&full, now)?;
-                        self.apply(peer, full, now);
-                        self.owe_ack(conn, seq, now);
-                    }
-                    Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now),
-                    Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
-                }
-            }
+            Message::Digest { ctx, reply, state } => self.on_digest(conn, peer, &ctx, reply, state, now)?,
+            Message::Delta { seq, delta } => self.on_delta(conn, peer, seq, &delta, now)?,
+            Message::Elided { seq, elided } => self.on_elided(conn, peer, seq, &elided, now)?,
             Message::Ack { seq } => self.on_ack(peer, seq, now),
             // At most one full state per pause, however often a peer asks: a request of a
             // few bytes must not buy a registry's worth of them each time.
@@ -125,25 +65,7 @@ impl Node {
                 self.send_full(peer, &CausalContext::new(), now)
             }
             Message::NeedFull => {}
-            Message::Redirect { urls } => {
-                // Learn them as seeds (bounded), and come back to this peer later.
-                for url in urls {
-                    if self.seeds.len() >= MAX_SEEDS {
-                        break;
-                    }
-                    self.seeds.entry(url).or_default();
-                }
-                let draw = self.rng.random::<u64>();
-                let policy = self.cfg.backoff;
-                let full = Failure::RetryAfter(policy.cap_ms);
-                let p = self.peers.entry(peer).or_default();
-                p.backoff.fail(&policy, full, now.mono_ms, draw);
-                // Dialed as a seed: that address waits too, so we try the others first.
-                let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
-                if let Some(s) = seed.and_then(|u| self.seeds.get_mut(&u)) {
-                    s.backoff.fail(&policy, full, now.mono_ms, draw);
-                }
-            }
+            Message::Redirect { urls } => self.on_redirect(conn, peer, urls, now),
             // The periodic exchange: a digest only when the contexts differ.
             Message::DigestHash { hash, state } => self.on_digest_hash(peer, hash, state, now),
             Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
@@ -157,5 +79,123 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// A peer's digest: note it, answer a peer in step with the hashes, send what it
+    /// lacks, and ask for what we lack (unless it is a reply).
+    fn on_digest(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        ctx: &[u8],
+        reply: bool,
+        state: Option<[u8; 16]>,
+        now: Now,
+    ) -> Result<(), ProtocolError> {
+        let theirs = message::decode_digest(ctx)?;
+        self.refute(&theirs, now);
+        let ours = self.replica.context().clone();
+        let p = self.peers.entry(peer).or_default();
+        p.digest = Some(Box::new(theirs.clone()));
+        p.digest_sent_at = None;
+        // A digest that asks, from a peer in step: answer with the hashes, or it
+        // would ask again every repair round (see `on_digest_hash`).
+        if let Some(hash) = state {
+            if self.adopt_equal(peer, &theirs, &ours, hash) && !reply {
+                self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
+            }
+        }
+        if !theirs.includes(&ours) {
+            // They lack something: from the buffer if it covers them, else in full.
+            // A full state already on its way (not yet acknowledged) is not sent
+            // again: a large one takes the peer a while to join, and digests it
+            // sent meanwhile would otherwise each cost another.
+            let acked = self.peers.get(&peer).and_then(|p| p.acked);
+            let in_flight = self.full_in_flight(peer, now);
+            match acked {
+                // Only if what came after its acknowledgement is all it lacks: a
+                // peer that acknowledged a delta and was killed before saving it
+                // comes back without it, and the deltas after would never bring it.
+                Some(a)
+                    if self.buffer.covers(a)
+                        && a < self.buffer.head()
+                        && self.deltas_since_fill(a, peer, &theirs, &ours) =>
+                {
+                    self.sync_peer(peer, false, now)
+                }
+                // Under the crash-loop guard, no full state unless the peer asks.
+                None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now),
+                _ if in_flight || self.guarded => {}
+                _ => self.send_full(peer, &theirs, now),
+            }
+        }
+        if !reply && !ours.includes(&theirs) {
+            self.send(conn, Message::digest(&ours, true, None), now);
+        }
+        Ok(())
+    }
+
+    /// A delta (number `seq` of the peer's buffer): admitted, joined, acknowledged.
+    fn on_delta(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        seq: u64,
+        delta: &[u8],
+        now: Now,
+    ) -> Result<(), ProtocolError> {
+        let delta = message::decode_delta(delta)?;
+        self.peers.entry(peer).or_default().digest_sent_at = None;
+        self.admit(&delta, now)?;
+        self.apply(peer, delta, now);
+        self.owe_ack(conn, seq, now);
+        Ok(())
+    }
+
+    /// An elided full state: completed from our own state, admitted, joined and
+    /// acknowledged; when ours lacks what it elided, we ask for the whole of it.
+    fn on_elided(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        seq: u64,
+        elided: &[u8],
+        now: Now,
+    ) -> Result<(), ProtocolError> {
+        let elided = message::decode_elided(elided)?;
+        self.peers.entry(peer).or_default().digest_sent_at = None;
+        self.counters.full_syncs_received += 1;
+        match elided.into_state(self.replica.state()) {
+            Ok(full) => {
+                self.admit(&full, now)?;
+                self.apply(peer, full, now);
+                self.owe_ack(conn, seq, now);
+            }
+            Err(ElidedError::Missing(_)) => self.send(conn, Message::NeedFull, now),
+            Err(ElidedError::Invalid(e)) => return Err(MessageError::Payload(e.into()).into()),
+        }
+        Ok(())
+    }
+
+    /// A peer with no room for us (too many inbound connections) named members to dial
+    /// instead.
+    fn on_redirect(&mut self, conn: ConnId, peer: ReplicaId, urls: Vec<String>, now: Now) {
+        // Learn them as seeds (bounded), and come back to this peer later.
+        for url in urls {
+            if self.seeds.len() >= MAX_SEEDS {
+                break;
+            }
+            self.seeds.entry(url).or_default();
+        }
+        let draw = self.rng.random::<u64>();
+        let policy = self.cfg.backoff;
+        let full = Failure::RetryAfter(policy.cap_ms);
+        let p = self.peers.entry(peer).or_default();
+        p.backoff.fail(&policy, full, now.mono_ms, draw);
+        // Dialed as a seed: that address waits too, so we try the others first.
+        let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
+        if let Some(s) = seed.and_then(|u| self.seeds.get_mut(&u)) {
+            s.backoff.fail(&policy, full, now.mono_ms, draw);
+        }
     }
 }

@@ -24,13 +24,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use roster_registry::{
-    Bounds, CausalContext, Change, ClockSkew, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Refusal, Replica,
-    ReplicaId, ServiceName,
+    Bounds, CausalContext, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Replica, ReplicaId, ServiceName,
 };
 
 use crate::backoff::Backoff;
 use crate::buffer::DeltaBuffer;
-use crate::message::{self, Envelope, Message, MessageError};
+use crate::message::{self, Message};
 
 /// Many owned registrations written in one delta.
 mod bulk;
@@ -49,6 +48,8 @@ mod resume_types;
 mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
+mod timers;
+mod types;
 
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
 pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
@@ -60,6 +61,7 @@ pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume,
 
 pub use time::Now;
 use time::WallGuard;
+pub use types::{ConnId, Counters, DialTarget, NodeInfo, Output, PeerProgress, ProtocolError};
 
 /// The most dots a full sync may teach us for us to forward what it taught as a delta;
 /// past that, peers are asked for their digests instead.
@@ -80,137 +82,6 @@ const SEED_SETTLE_ROUNDS: u64 = 5;
 /// For this long after its start, a node dials the seeds it has not reached and no known
 /// member stands at, even while connected (see `dial_more`).
 const SEED_RETRY_MS: u64 = 5 * 60 * 1000;
-
-/// A connection, as the driver numbers it.
-pub type ConnId = u64;
-
-/// Who a node is: its replica id, its name, and the URL peers dial.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
-    /// The replica id (stable across restarts).
-    pub id: ReplicaId,
-    /// A human name.
-    pub name: String,
-    /// Where peers reach it (`ws://host:port` or `wss://host:port`).
-    pub url: String,
-}
-
-/// What the driver should dial.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DialTarget {
-    /// A member, by id and URL.
-    Peer {
-        /// Its replica id.
-        id: ReplicaId,
-        /// Its URL.
-        url: String,
-    },
-    /// A seed URL given at start (its node is not known yet).
-    Seed {
-        /// The URL.
-        url: String,
-    },
-}
-
-/// Something the driver must do, or report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Output {
-    /// Send a message on a connection.
-    Send {
-        /// The connection.
-        conn: ConnId,
-        /// The message, stamped with our clock.
-        envelope: Envelope,
-    },
-    /// Open a connection (dial, then authenticate); report with `handle_connected` or
-    /// `handle_dial_failed`.
-    Dial(DialTarget),
-    /// Close a connection after sending what is queued on it.
-    Close {
-        /// The connection.
-        conn: ConnId,
-        /// Why, for the log.
-        reason: String,
-    },
-    /// What a read shows changed.
-    Event(Change),
-}
-
-/// Why a message from a peer was refused. The driver closes the connection with this
-/// reason; the replica is unchanged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    /// The message or its payload could not be used.
-    #[error(transparent)]
-    Message(#[from] MessageError),
-    /// The peer's clock runs too far ahead.
-    #[error(transparent)]
-    Skew(#[from] ClockSkew),
-    /// A message arrived on a connection the node does not know.
-    #[error("message on unknown connection {0}")]
-    UnknownConnection(ConnId),
-    /// A state it carried was refused by [`Replica::admit`]: it would have retired a live
-    /// node, planted a forged or runaway counter, or a time too far ahead. Not joined, not
-    /// acknowledged; the connection is closed unless the refusal is transient.
-    #[error("refused a state from the peer: {0}")]
-    Refused(#[from] Refusal),
-}
-
-impl ProtocolError {
-    /// Whether the connection is closed for it: every error but a refusal that time can
-    /// mend (a write stamped a little ahead of our clock is admitted once it catches up).
-    pub fn closes(&self) -> bool {
-        !matches!(self, ProtocolError::Refused(r) if r.is_transient())
-    }
-}
-
-/// How far one peer has come in our delta buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerProgress {
-    /// The peer.
-    pub peer: ReplicaId,
-    /// The last of our delta numbers it acknowledged.
-    pub acked: Option<u64>,
-    /// The last of our delta numbers sent to it on its current connection.
-    pub sent: Option<u64>,
-}
-
-/// Counters of what the node did, for `roster status` and the benchmarks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Dials asked of the driver.
-    pub dials: u64,
-    /// Connections established (either direction).
-    pub connections: u64,
-    /// Messages queued to send.
-    pub messages_sent: u64,
-    /// Encoded bytes of those messages.
-    pub bytes_sent: u64,
-    /// Messages handled.
-    pub messages_received: u64,
-    /// Deltas that taught us something.
-    pub deltas_applied: u64,
-    /// Elided full states sent.
-    pub full_syncs_sent: u64,
-    /// Elided full states received.
-    pub full_syncs_received: u64,
-    /// Messages refused (the connection was closed).
-    pub refused: u64,
-    /// States (deltas, full states) refused by [`Replica::admit`], closed or not.
-    pub states_refused: u64,
-    /// Times a peer claimed dots forged under our id and we shipped the truth about them.
-    pub forgeries_refuted: u64,
-    /// Times another node's write over an instance we own was written over again.
-    pub overwrites_repaired: u64,
-    /// Digests not sent because one to the same peer was in flight.
-    pub digests_coalesced: u64,
-    /// Peers found in step by their state hash, so sent no elided state.
-    pub equal_states_adopted: u64,
-    /// Peers this node wrote dead (see `liveness`).
-    pub deaths_written: u64,
-    /// Times this node found itself written dead and renewed its lease.
-    pub deaths_refuted: u64,
-}
 
 #[derive(Debug, Clone)]
 struct Conn {
@@ -419,30 +290,9 @@ impl Node {
             time,
         };
         node.start_ctx = node.replica.context().clone();
-        for m in &resume.peers {
-            if m.id == node.me.id {
-                continue;
-            }
-            let p = node.peers.entry(m.id).or_default();
-            p.url = m.url.clone();
-            p.name = m.name.clone();
-            // Saved in wall time; kept in monotonic time.
-            p.backoff = time.backoff_to_mono(m.backoff);
-            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
-            p.last_seen_ms = now.wall_ms;
-        }
-        for (url, b) in &resume.seeds {
-            if let Some(s) = node.seeds.get_mut(url) {
-                s.backoff = time.backoff_to_mono(*b);
-            }
-        }
+        node.remember(&resume, time, now);
         if node.guarded {
-            // What the processes before it shipped is alive at its peers until its lease
-            // ends: dial only when a third of it is left (at once when nothing is known).
-            let due = node
-                .leases_shipped
-                .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
-            node.guard_dial_at = time.mono_of(due).max(now.mono_ms);
+            node.guard_dial_at = node.guarded_dial_at(time, now);
         }
         node.register(
             members_service(),
@@ -452,6 +302,39 @@ impl Node {
             now,
         )?;
         Ok((node, resume))
+    }
+
+    /// Takes what the process before it remembered of its peers and seeds: their URLs and
+    /// names, and their backoffs and last full states (saved in wall time, kept in
+    /// monotonic time).
+    fn remember(&mut self, resume: &Resume, time: WallGuard, now: Now) {
+        for m in &resume.peers {
+            if m.id == self.me.id {
+                continue;
+            }
+            let p = self.peers.entry(m.id).or_default();
+            p.url = m.url.clone();
+            p.name = m.name.clone();
+            // Saved in wall time; kept in monotonic time.
+            p.backoff = time.backoff_to_mono(m.backoff);
+            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
+            p.last_seen_ms = now.wall_ms;
+        }
+        for (url, b) in &resume.seeds {
+            if let Some(s) = self.seeds.get_mut(url) {
+                s.backoff = time.backoff_to_mono(*b);
+            }
+        }
+    }
+
+    /// Under the crash-loop guard, when the node may first dial (monotonic ms).
+    fn guarded_dial_at(&self, time: WallGuard, now: Now) -> u64 {
+        // What the processes before it shipped is alive at its peers until its lease
+        // ends: dial only when a third of it is left (at once when nothing is known).
+        let due = self
+            .leases_shipped
+            .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
+        time.mono_of(due).max(now.mono_ms)
     }
 
     /// Who this node is.
@@ -591,123 +474,9 @@ impl Node {
             .collect()
     }
 
-    /// Pushes are spaced `push_delay` apart and paced to `push_rate`: a delta after a
-    /// quiet spell is due at once (the push runs when the driver next asks for timeouts,
-    /// so everything the current input made goes in one message); one during a burst
-    /// waits for the batch.
-    fn schedule_push(&mut self, now: Now) {
-        if self.push_at.is_none() {
-            let spaced = self.pushed_at.map_or(now.mono_ms, |t| t + self.cfg.push_delay_ms);
-            let paced = self.pacer.next_at(now.mono_ms);
-            self.push_at = Some(spaced.max(paced).max(now.mono_ms));
-        }
-    }
-
-    /// Acknowledges delta `seq` from `conn` after `ack_delay_ms`, with whatever else
-    /// arrives on it meanwhile: one acknowledgement for a burst.
-    fn owe_ack(&mut self, conn: ConnId, seq: u64, now: Now) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.ack_owed = Some(c.ack_owed.map_or(seq, |s| s.max(seq)));
-            self.ack_at.get_or_insert(now.mono_ms + self.cfg.ack_delay_ms);
-        }
-    }
-
-    fn send_acks(&mut self, now: Now) {
-        let owed: Vec<(ConnId, u64)> = self
-            .conns
-            .iter_mut()
-            .filter_map(|(id, c)| c.ack_owed.take().map(|seq| (*id, seq)))
-            .collect();
-        for (conn, seq) in owed {
-            self.send(conn, Message::Ack { seq }, now);
-        }
-    }
-
     /// The next output, if any. Call until `None` after every input.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
-    }
-
-    /// When [`Node::handle_timeout`] should next be called, on the monotonic clock
-    /// ([`Now::mono_ms`]): the earliest deadline it serves.
-    pub fn poll_timeout(&self) -> u64 {
-        let mut t = self
-            .gossip_at
-            .min(self.digest_at)
-            .min(self.renew_at)
-            .min(self.reconnect_at)
-            .min(self.rotate_at);
-        if let Some(p) = self.push_at {
-            t = t.min(p);
-        }
-        if let Some(a) = self.ack_at {
-            t = t.min(a);
-        }
-        if let Some(s) = self.next_suspicion_deadline() {
-            t = t.min(s);
-        }
-        t
-    }
-
-    /// Runs whatever timers are due at `now` (on its monotonic clock).
-    pub fn handle_timeout(&mut self, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
-        let mono = now.mono_ms;
-        if self.push_at.is_some_and(|t| t <= mono) {
-            self.push_at = None;
-            self.pushed_at = Some(mono);
-            self.pacer.spend(mono);
-            self.push(now);
-        }
-        if self.ack_at.is_some_and(|t| t <= mono) {
-            self.ack_at = None;
-            self.send_acks(now);
-        }
-        if self.renew_at <= mono {
-            self.renew(now);
-        }
-        self.run_suspicions(now);
-        if self.gossip_at <= mono {
-            self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
-            self.gossip(now);
-            self.report_lapsed(now);
-            self.expire(now);
-            self.release_seed(now);
-            self.dial_more(now);
-        }
-        if self.digest_at <= mono {
-            self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
-            if let Some(p) = self.random_connected(1, None).pop() {
-                let hash = Message::digest_hash(self.replica.context(), None);
-                self.send_to_peer(p, hash, now);
-            }
-        }
-        if self.reconnect_at <= mono {
-            self.reconnect_at = mono + self.jitter(self.cfg.reconnect_interval_ms.max(1));
-            self.reconnect_lost(now);
-        }
-        if self.rotate_at <= mono {
-            self.rotate_at = mono + self.jitter(self.cfg.rotate_interval_ms.max(1));
-            if self.cfg.rotate_interval_ms > 0 {
-                self.rotate(now);
-            }
-        }
-    }
-
-    fn jitter(&mut self, d: u64) -> u64 {
-        (d * 3 / 4 + self.rng.random_range(0..=d / 2)).max(1)
-    }
-
-    /// Tells watchers of instances whose lease ended since the last check: reads hide them
-    /// at once, but no delta says so until a sweep (after the hold-off, and then the join
-    /// sees them already hidden).
-    fn report_lapsed(&mut self, now: Now) {
-        if now.wall_ms <= self.lapse_checked {
-            return;
-        }
-        let lapsed = self.replica.lapsed(self.lapse_checked, now.wall_ms);
-        self.lapse_checked = now.wall_ms;
-        self.emit_changes(lapsed, now);
     }
 
     /// Whether a full state sent to `peer` is still waiting for its acknowledgement.
@@ -722,15 +491,6 @@ impl Node {
             now_ms: now.wall_ms,
             max_clock_skew_ms: self.cfg.max_skew_ms,
             max_counter_jump: self.cfg.max_counter_jump,
-        }
-    }
-
-    fn expire(&mut self, now: Now) {
-        if now.mono_ms < self.expire_from {
-            return;
-        }
-        if let Some(applied) = self.replica.expire(now.wall_ms, self.cfg.expire_grace_ms) {
-            self.local_delta(applied.delta, applied.changes, now);
         }
     }
 

@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, warn};
 
 use super::{
@@ -19,6 +20,7 @@ use super::{
 use crate::driver::admit::PendingGuard;
 use crate::driver::limits::bump;
 use crate::driver::tls::{self, Tls};
+use crate::proto::NodeInfo;
 
 /// Counts an inbound connection for the inbound cap while it lives.
 #[derive(Debug)]
@@ -155,37 +157,7 @@ pub(super) async fn accept_over(
             stream,
             #[allow(clippy::result_large_err)] // the signature is tungstenite's
             |req: &Request, resp: Response| {
-                let mut admit = |client: bool| {
-                    if !client && shared.refuse_peers.load(Ordering::Relaxed) {
-                        bump(&shared.counts.peers_shed);
-                        // Under the crash guard: come back in five to seven and a half minutes.
-                        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % (GUARDED_RETRY_S / 2));
-                    }
-                    if shared.may_accept(addr.ip(), client) {
-                        return None;
-                    }
-                    let (count, what) = if client {
-                        (&shared.counts.clients_shed, "client")
-                    } else {
-                        (&shared.counts.peers_shed, "peer")
-                    };
-                    bump(count);
-                    if let Some(n) = shared.log_gate.admit(addr.ip(), Instant::now()) {
-                        warn!(
-                            node = shared.node(),
-                            peer = %addr,
-                            "shed a {what} connection: too many from that address \
-                             ({n} more refusals from it in the last minute not logged)"
-                        );
-                    }
-                    // A peer: come back in 1 to 5 s, spread. A client (a CLI command, a
-                    // script): in 1 s, which it spreads itself; its bucket refills in
-                    // milliseconds, and a client waits within a 5 s connect timeout.
-                    Some(match client {
-                        true => 1,
-                        false => 1 + getrandom::u64().unwrap_or(0) % 5,
-                    })
-                };
+                let mut admit = |client: bool| shed(shared, addr, client);
                 check_subprotocol(req, resp, flag, &mut admit)
             },
             Some(shared.ws_config()),
@@ -211,14 +183,63 @@ pub(super) async fn accept_over(
             }
         }
     };
-    match bounded(shared, establish).await? {
-        (ws, Some(peer)) => {
+    let (ws, peer) = bounded(shared, establish).await?;
+    hand_over(shared, addr, ws, peer, (guard, pending)).await;
+    Ok(())
+}
+
+/// Whether the upgrade of a connection from `addr` (a client's, or a peer's) is shed:
+/// `None` admits it, `Some(s)` refuses it with a `Retry-After` of `s` seconds. What it sheds
+/// is counted, and logged once a minute per address.
+fn shed(shared: &Shared, addr: SocketAddr, client: bool) -> Option<u64> {
+    if !client && shared.refuse_peers.load(Ordering::Relaxed) {
+        bump(&shared.counts.peers_shed);
+        // Under the crash guard: come back in five to seven and a half minutes.
+        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % (GUARDED_RETRY_S / 2));
+    }
+    if shared.may_accept(addr.ip(), client) {
+        return None;
+    }
+    let (count, what) = if client {
+        (&shared.counts.clients_shed, "client")
+    } else {
+        (&shared.counts.peers_shed, "peer")
+    };
+    bump(count);
+    if let Some(n) = shared.log_gate.admit(addr.ip(), Instant::now()) {
+        warn!(
+            node = shared.node(),
+            peer = %addr,
+            "shed a {what} connection: too many from that address \
+             ({n} more refusals from it in the last minute not logged)"
+        );
+    }
+    // A peer: come back in 1 to 5 s, spread. A client (a CLI command, a
+    // script): in 1 s, which it spreads itself; its bucket refills in
+    // milliseconds, and a client waits within a 5 s connect timeout.
+    Some(match client {
+        true => 1,
+        false => 1 + getrandom::u64().unwrap_or(0) % 5,
+    })
+}
+
+/// An established connection goes where it belongs: an authenticated peer's runs here
+/// until it closes; a client's goes to the application (dropped if it takes none).
+async fn hand_over(
+    shared: &Arc<Shared>,
+    addr: SocketAddr,
+    ws: WebSocketStream<Box<dyn ClientStream>>,
+    peer: Option<NodeInfo>,
+    (guard, pending): (InboundGuard, PendingGuard),
+) {
+    match peer {
+        Some(peer) => {
             // Authenticated: it no longer counts against its address's cap.
             drop(pending);
             run(ws, shared.next_conn(), peer, false, None, Arc::clone(shared)).await;
             drop(guard);
         }
-        (ws, None) => {
+        None => {
             if let Some(clients) = &shared.clients {
                 bump(&shared.counts.clients_accepted);
                 let conn = ClientConn {
@@ -233,5 +254,4 @@ pub(super) async fn accept_over(
             }
         }
     }
-    Ok(())
 }

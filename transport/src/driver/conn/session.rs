@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::error::CapacityError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, warn};
@@ -77,80 +78,109 @@ pub(super) async fn run<S>(
         end = write_loop(&mut sink, &mut rx, &link, shared.limits.frame(), &shared.counts, &ping) => end,
         silent = keepalive(&live, &ping) => End::Dead(silent),
     };
-    let node = shared.node();
-    let c = &shared.counts;
-    let limits = &shared.limits;
-    let (frame, reason) = match &end {
-        End::Closed(r) => (None, format!("closed: {r}")),
-        End::PeerClosed(r) => (None, format!("the peer closed: {r}")),
-        End::Failed(e) => (None, format!("failed: {e}")),
-        End::Oversize { size, max_size } => {
-            bump(&c.oversize);
-            let r = format!("a {size}-byte message, over the {max_size}-byte limit");
-            (Some(close_frame(CloseCode::Size, &r)), r)
-        }
-        End::Chunk(e) if e.is_oversize() => {
-            bump(&c.oversize);
-            let r = e.to_string();
-            (Some(close_frame(CloseCode::Size, &r)), r)
-        }
-        End::Chunk(e) => {
-            bump(&c.malformed);
-            let r = e.to_string();
-            (Some(close_frame(CloseCode::Protocol, &r)), r)
-        }
-        End::Malformed(e) => {
-            bump(&c.malformed);
-            (Some(close_frame(CloseCode::Protocol, e)), e.clone())
-        }
-        End::Killed if shared.abort.is_cancelled() => (None, "the shutdown deadline passed".to_string()),
-        End::Killed => {
-            // The node task counted it when it cut.
-            let cut = link.cut.get();
-            let r = cut.map_or_else(|| "cut by the node".to_string(), Cut::to_string);
-            let code = match cut {
-                Some(Cut::TooLarge { .. }) => CloseCode::Error,
-                _ => CloseCode::Policy,
-            };
-            (Some(close_frame(code, &r)), r)
-        }
-        End::Dead(silent) => {
-            bump(&c.dead_links);
-            let r = format!(
-                "nothing arrived for {silent:?}, pings unanswered (dead_after {:?}); redialing",
-                limits.dead_after
-            );
-            (None, r)
-        }
-    };
-    match &end {
-        End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::Killed | End::Dead(_) => {
-            warn!(node, peer = %who, conn, "closed the connection: {reason}")
-        }
-        End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => debug!(node, peer = %who, conn, "{reason}"),
-    }
+    let (frame, reason) = end.counted(&shared, &link);
+    end.log(shared.node(), &who, conn, &reason);
     // A dead link would only hold the close for the linger: nothing answers on it.
     let linger = !matches!(end, End::Failed(_) | End::Dead(_)) && !shared.abort.is_cancelled();
     if linger {
-        let closing = async {
-            match frame {
-                Some(frame) => {
-                    let _ = sink.send(WsMessage::Close(Some(frame))).await;
-                }
-                None => {
-                    let _ = sink.close().await;
-                }
-            }
-            // Let the peer's close frame arrive, so the close handshake completes.
-            while let Some(Ok(_)) = stream.next().await {}
-        };
-        tokio::select! {
-            () = shared.abort.cancelled() => {}
-            _ = tokio::time::timeout(CLOSE_LINGER, closing) => {}
-        }
+        close_gently(&mut sink, &mut stream, frame, &shared).await;
     }
     let dead = matches!(end, End::Dead(_));
     let _ = shared.events.send(ConnEvent::Down { conn, reason, dead }).await;
+}
+
+impl End {
+    /// Counts how it ended (the node task counted its own cuts), and what to tell the peer
+    /// and the log: the close frame to send, if any, and the reason.
+    fn counted(&self, shared: &Shared, link: &Link) -> (Option<CloseFrame>, String) {
+        let c = &shared.counts;
+        let limits = &shared.limits;
+        match self {
+            End::Closed(r) => (None, format!("closed: {r}")),
+            End::PeerClosed(r) => (None, format!("the peer closed: {r}")),
+            End::Failed(e) => (None, format!("failed: {e}")),
+            End::Oversize { size, max_size } => {
+                bump(&c.oversize);
+                let r = format!("a {size}-byte message, over the {max_size}-byte limit");
+                (Some(close_frame(CloseCode::Size, &r)), r)
+            }
+            End::Chunk(e) if e.is_oversize() => {
+                bump(&c.oversize);
+                let r = e.to_string();
+                (Some(close_frame(CloseCode::Size, &r)), r)
+            }
+            End::Chunk(e) => {
+                bump(&c.malformed);
+                let r = e.to_string();
+                (Some(close_frame(CloseCode::Protocol, &r)), r)
+            }
+            End::Malformed(e) => {
+                bump(&c.malformed);
+                (Some(close_frame(CloseCode::Protocol, e)), e.clone())
+            }
+            End::Killed if shared.abort.is_cancelled() => (None, "the shutdown deadline passed".to_string()),
+            End::Killed => {
+                // The node task counted it when it cut.
+                let cut = link.cut.get();
+                let r = cut.map_or_else(|| "cut by the node".to_string(), Cut::to_string);
+                let code = match cut {
+                    Some(Cut::TooLarge { .. }) => CloseCode::Error,
+                    _ => CloseCode::Policy,
+                };
+                (Some(close_frame(code, &r)), r)
+            }
+            End::Dead(silent) => {
+                bump(&c.dead_links);
+                let r = format!(
+                    "nothing arrived for {silent:?}, pings unanswered (dead_after {:?}); redialing",
+                    limits.dead_after
+                );
+                (None, r)
+            }
+        }
+    }
+
+    /// Logs it: a warning when the connection was closed for cause, a debug line when
+    /// either side closed it or the network failed.
+    fn log(&self, node: &str, who: &str, conn: ConnId, reason: &str) {
+        match self {
+            End::Oversize { .. } | End::Chunk(_) | End::Malformed(_) | End::Killed | End::Dead(_) => {
+                warn!(node, peer = %who, conn, "closed the connection: {reason}")
+            }
+            End::Closed(_) | End::PeerClosed(_) | End::Failed(_) => {
+                debug!(node, peer = %who, conn, "{reason}")
+            }
+        }
+    }
+}
+
+/// Closes the connection gently: our close frame (or a plain close), then the peer's close
+/// frame is let in, so the close handshake completes; at most for [`CLOSE_LINGER`], and
+/// not past the shutdown deadline.
+async fn close_gently<S>(
+    sink: &mut WsWrite<S>,
+    stream: &mut WsRead<S>,
+    frame: Option<CloseFrame>,
+    shared: &Shared,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let closing = async {
+        match frame {
+            Some(frame) => {
+                let _ = sink.send(WsMessage::Close(Some(frame))).await;
+            }
+            None => {
+                let _ = sink.close().await;
+            }
+        }
+        // Let the peer's close frame arrive, so the close handshake completes.
+        while let Some(Ok(_)) = stream.next().await {}
+    };
+    tokio::select! {
+        () = shared.abort.cancelled() => {}
+        _ = tokio::time::timeout(CLOSE_LINGER, closing) => {}
+    }
 }
 
 /// The keepalive's request for a ping, to the writer: sent when it is idle, or between two
