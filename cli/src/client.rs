@@ -122,64 +122,9 @@ impl Client {
     }
 
     async fn open(url: &str, secret: Option<&Secret>, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
-        let unreachable = |why: String| ClientError::Unreachable {
-            url: url.to_string(),
-            why,
-        };
-        let secure = url.starts_with("wss://");
-        if !secure && !url.starts_with("ws://") {
-            return Err(unreachable(
-                "the URL is not ws://host:port or wss://host:port".into(),
-            ));
-        }
-        let uri: tokio_tungstenite::tungstenite::http::Uri =
-            url.parse().map_err(|e| unreachable(format!("not a URL: {e}")))?;
-        let host = uri
-            .host()
-            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
-            .ok_or_else(|| unreachable("the URL has no host".into()))?;
-        let port = uri
-            .port_u16()
-            .ok_or_else(|| unreachable("the URL has no port".into()))?;
-        let tcp = TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let stream: Box<dyn ClientStream> = match (secure, tls) {
-            (false, _) => Box::new(tcp),
-            (true, None) => return Err(unreachable(
-                "a wss:// agent needs the CA of its certificate; pass --tls-ca FILE (or set ROSTER_TLS_CA)"
-                    .into(),
-            )),
-            (true, Some(tls)) => Box::new(
-                tls.connect(tcp, &host)
-                    .await
-                    .map_err(|e| unreachable(format!("TLS: {e}")))?,
-            ),
-        };
-        let request = ClientRequestBuilder::new(uri).with_sub_protocol(CLIENT_SUBPROTOCOL);
-        let config = WebSocketConfig::default()
-            .max_message_size(Some(MAX_ANSWER_BYTES))
-            .max_frame_size(Some(MAX_ANSWER_BYTES));
-        let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
-            .await
-            .map_err(|e| match e {
-                tokio_tungstenite::tungstenite::Error::Http(r) if r.status().as_u16() == 503 => {
-                    ClientError::Busy {
-                        url: url.to_string(),
-                        retry_after_s: r
-                            .headers()
-                            .get("Retry-After")
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(1)
-                            .min(3_600),
-                    }
-                }
-                other => unreachable(other.to_string()),
-            })?;
         let mut client = Self {
             url: url.to_string(),
-            ws,
+            ws: upgrade(url, tls).await?,
             hello: ServerHello {
                 node: String::new(),
                 name: String::new(),
@@ -187,22 +132,7 @@ impl Client {
                 auth_required: false,
             },
         };
-        let first = match client.recv().await {
-            // An agent with TLS closes on a client not on loopback that showed no certificate.
-            Err(ClientError::Protocol { url, why }) if why.contains("client certificate") => {
-                return Err(ClientError::Unauthorized {
-                    url,
-                    why: format!(
-                        "it {why}; pass --tls-cert FILE and --tls-key FILE (a certificate of its CA)"
-                    ),
-                });
-            }
-            other => other?,
-        };
-        let hello = match first {
-            ServerMessage::Hello(h) => h,
-            other => return Err(client.protocol(format!("sent {other:?} instead of its hello"))),
-        };
+        let hello = client.agent_hello().await?;
         // A client that holds the secret always makes the agent prove it, whatever the
         // agent's hello says: an impostor without the secret would simply say that it asks
         // for none.
@@ -218,6 +148,26 @@ impl Client {
         }
         client.hello = hello;
         Ok(client)
+    }
+
+    /// The agent's first message, its hello.
+    async fn agent_hello(&mut self) -> Result<ServerHello, ClientError> {
+        let first = match self.recv().await {
+            // An agent with TLS closes on a client not on loopback that showed no certificate.
+            Err(ClientError::Protocol { url, why }) if why.contains("client certificate") => {
+                return Err(ClientError::Unauthorized {
+                    url,
+                    why: format!(
+                        "it {why}; pass --tls-cert FILE and --tls-key FILE (a certificate of its CA)"
+                    ),
+                });
+            }
+            other => other?,
+        };
+        match first {
+            ServerMessage::Hello(h) => Ok(h),
+            other => Err(self.protocol(format!("sent {other:?} instead of its hello"))),
+        }
     }
 
     /// Proves the secret to the agent, then checks the agent's proof: the agent proves it
@@ -327,6 +277,84 @@ impl Client {
     pub async fn start(&mut self, req: Request) -> Result<(), ClientError> {
         self.send(&ClientMessage::Request(req)).await
     }
+}
+
+/// A connection to the agent at `url` (TCP, and TLS for `wss://`), upgraded to the client
+/// protocol's WebSocket.
+async fn upgrade(
+    url: &str,
+    tls: Option<&ClientTls>,
+) -> Result<WebSocketStream<Box<dyn ClientStream>>, ClientError> {
+    let unreachable = |why: String| ClientError::Unreachable {
+        url: url.to_string(),
+        why,
+    };
+    let (uri, stream) = connect(url, tls).await?;
+    let request = ClientRequestBuilder::new(uri).with_sub_protocol(CLIENT_SUBPROTOCOL);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_ANSWER_BYTES))
+        .max_frame_size(Some(MAX_ANSWER_BYTES));
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
+        .await
+        .map_err(|e| match e {
+            tokio_tungstenite::tungstenite::Error::Http(r) if r.status().as_u16() == 503 => {
+                ClientError::Busy {
+                    url: url.to_string(),
+                    retry_after_s: r
+                        .headers()
+                        .get("Retry-After")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1)
+                        .min(3_600),
+                }
+            }
+            other => unreachable(other.to_string()),
+        })?;
+    Ok(ws)
+}
+
+/// The URL checked, and a byte stream to its host: TCP, with TLS over it for `wss://`.
+async fn connect(
+    url: &str,
+    tls: Option<&ClientTls>,
+) -> Result<(tokio_tungstenite::tungstenite::http::Uri, Box<dyn ClientStream>), ClientError> {
+    let unreachable = |why: String| ClientError::Unreachable {
+        url: url.to_string(),
+        why,
+    };
+    let secure = url.starts_with("wss://");
+    if !secure && !url.starts_with("ws://") {
+        return Err(unreachable(
+            "the URL is not ws://host:port or wss://host:port".into(),
+        ));
+    }
+    let uri: tokio_tungstenite::tungstenite::http::Uri =
+        url.parse().map_err(|e| unreachable(format!("not a URL: {e}")))?;
+    let host = uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
+        .ok_or_else(|| unreachable("the URL has no host".into()))?;
+    let port = uri
+        .port_u16()
+        .ok_or_else(|| unreachable("the URL has no port".into()))?;
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let stream: Box<dyn ClientStream> =
+        match (secure, tls) {
+            (false, _) => Box::new(tcp),
+            (true, None) => return Err(unreachable(
+                "a wss:// agent needs the CA of its certificate; pass --tls-ca FILE (or set ROSTER_TLS_CA)"
+                    .into(),
+            )),
+            (true, Some(tls)) => Box::new(
+                tls.connect(tcp, &host)
+                    .await
+                    .map_err(|e| unreachable(format!("TLS: {e}")))?,
+            ),
+        };
+    Ok((uri, stream))
 }
 
 #[cfg(test)]

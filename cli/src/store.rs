@@ -33,8 +33,8 @@ mod record;
 pub(crate) use disk::fail_writes_in;
 pub use error::StoreError;
 pub use health::{StoreHealth, FIRST_RETRY, MAX_RETRY};
-pub use record::OwnedRecord;
 use open::{open_error, read_id};
+pub use record::OwnedRecord;
 use record::{key, split_key};
 
 /// The file in the data directory.
