@@ -246,71 +246,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Agent(args) => agent::run(args).await,
-            Command::Register {
-                client,
-                service,
-                address,
-                from_file,
-                meta,
-                id,
-                ttl,
-                checks,
-            } => match (from_file, service, address) {
-                (Some(path), _, _) => commands::register_from_file(&client, &path).await,
-                (None, Some(service), Some(address)) => {
-                    let checks = checks.checks().map_err(Fail::usage)?;
-                    let item = roster::api::RegisterItem {
-                        service,
-                        address,
-                        meta: Vec::new(),
-                        instance: id,
-                        ttl_ms: None,
-                        checks,
-                    };
-                    commands::register(&client, item, meta, ttl).await
-                }
-                _ => Err(Fail::usage("give SERVICE and ADDRESS, or --from-file FILE")),
-            },
-            Command::Deregister {
-                client,
-                service,
-                instance,
-            } => commands::deregister(&client, service, instance).await,
-            Command::Ls { client } => commands::ls(&client).await,
-            Command::Get { client, service, all } => commands::get(&client, service, all).await,
-            Command::Watch {
-                client,
-                service,
-                once,
-                all,
-            } => watch::watch(&client, service, once, all).await,
-            Command::Pass {
-                client,
-                service,
-                instance,
-            } => commands::pass(&client, service, instance).await,
-            Command::Maint {
-                client,
-                action,
-                service,
-                instance,
-                reason,
-            } => commands::maint(&client, action == "enable", service.zip(instance), reason).await,
-            Command::Members { client } => commands::members(&client).await,
-            Command::Status { client } => commands::status(&client).await,
-            Command::Explain {
-                client,
-                service,
-                instance,
-            } => commands::explain(&client, service, instance).await,
-            Command::Sync { client } => commands::sync(&client).await,
-            Command::Leave { client } => commands::leave(&client).await,
-            Command::Id { data_dir, json } => agent::identity(data_dir, json),
-        }
-    });
+    let result = runtime.block_on(dispatch(cli.command));
     // Watches and the agent end on a signal; nothing else may linger.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
@@ -320,6 +256,73 @@ fn main() -> ExitCode {
             eprintln!("roster: error: {}", output::escape(&fail.message));
             ExitCode::from(fail.code)
         }
+    }
+}
+
+/// Runs one command.
+async fn dispatch(command: Command) -> Result<(), Fail> {
+    match command {
+        Command::Agent(args) => agent::run(args).await,
+        Command::Register {
+            client,
+            service,
+            address,
+            from_file,
+            meta,
+            id,
+            ttl,
+            checks,
+        } => match (from_file, service, address) {
+            (Some(path), _, _) => commands::register_from_file(&client, &path).await,
+            (None, Some(service), Some(address)) => {
+                let checks = checks.checks().map_err(Fail::usage)?;
+                let item = roster::api::RegisterItem {
+                    service,
+                    address,
+                    meta: Vec::new(),
+                    instance: id,
+                    ttl_ms: None,
+                    checks,
+                };
+                commands::register(&client, item, meta, ttl).await
+            }
+            _ => Err(Fail::usage("give SERVICE and ADDRESS, or --from-file FILE")),
+        },
+        Command::Deregister {
+            client,
+            service,
+            instance,
+        } => commands::deregister(&client, service, instance).await,
+        Command::Ls { client } => commands::ls(&client).await,
+        Command::Get { client, service, all } => commands::get(&client, service, all).await,
+        Command::Watch {
+            client,
+            service,
+            once,
+            all,
+        } => watch::watch(&client, service, once, all).await,
+        Command::Pass {
+            client,
+            service,
+            instance,
+        } => commands::pass(&client, service, instance).await,
+        Command::Maint {
+            client,
+            action,
+            service,
+            instance,
+            reason,
+        } => commands::maint(&client, action == "enable", service.zip(instance), reason).await,
+        Command::Members { client } => commands::members(&client).await,
+        Command::Status { client } => commands::status(&client).await,
+        Command::Explain {
+            client,
+            service,
+            instance,
+        } => commands::explain(&client, service, instance).await,
+        Command::Sync { client } => commands::sync(&client).await,
+        Command::Leave { client } => commands::leave(&client).await,
+        Command::Id { data_dir, json } => agent::identity(data_dir, json),
     }
 }
 
