@@ -62,135 +62,163 @@ fn main() {
             member_lease_ttl_ms: member_ttl,
             ..Config::default()
         };
-        let faults = Faults {
-            loss_permille: 0,
-            dup_permille: 0,
-            min_delay_ms: 1,
-            max_delay_ms: 5,
-        };
-        let mut sim = Sim::new(n, cfg, faults, seed);
-        let start_ms = sim.now_ms();
-        // Bootstrap, then settle past the first renewals.
-        let mut settled = false;
-        for _ in 0..600 {
-            sim.run_for(1_000);
-            if (0..n).all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1) && sim.converged() {
-                settled = true;
-                break;
-            }
-        }
-        assert!(settled, "{n} nodes did not settle in 600 s");
-        eprintln!(
-            "{n} nodes: settled after {} s of virtual time, {:.1} s of wall time",
-            (sim.now_ms() - start_ms) / 1_000,
-            t0.elapsed().as_secs_f64()
-        );
-        sim.run_for(30_000);
-
-        // Idle: nothing changes but lease renewals, digest hashes and what they find.
-        let before = total_sent(&sim);
-        sim.classify_deltas(std::env::var("SIM_KINDS").is_ok());
-        let kinds_before = sim.traffic_by_kind().clone();
-        // Long enough to hold every node's renewal (SIM_IDLE_S; the lease grows with N).
-        let idle_s: u64 = std::env::var("SIM_IDLE_S")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(120);
-        sim.run_for(idle_s * 1_000);
-        let idle = (total_sent(&sim) - before) as f64 / n as f64 / idle_s as f64;
-        if std::env::var("SIM_KINDS").is_ok() {
-            // What the idle bytes were: messages and bytes of each kind, per node per minute.
-            let per_min = |v: u64| v as f64 * 60.0 / idle_s as f64 / n as f64;
-            for (kind, (m, b)) in sim.traffic_by_kind() {
-                let (m0, b0) = kinds_before.get(kind).copied().unwrap_or_default();
-                eprintln!(
-                    "idle {kind}: {:.1} messages, {:.0} bytes per node per minute",
-                    per_min(m - m0),
-                    per_min(b - b0)
-                );
-            }
-            let (dead, refuted) = (0..n).filter_map(|i| sim.node(i)).fold((0, 0), |(d, r), node| {
-                let c = node.counters();
-                (d + c.deaths_written, r + c.deaths_refuted)
-            });
-            eprintln!("deaths written {dead}, refuted {refuted} (all nodes, whole run)");
-        }
+        let mut sim = settled(n, cfg, seed, t0);
+        let idle = measure_idle(&mut sim, n);
         eprintln!(
             "{n} nodes: idle measured, {:.1} s of wall time",
             t0.elapsed().as_secs_f64()
         );
-
-        // One update, from the middle of a renewal period.
-        let service = ServiceName::new("bench").unwrap();
-        let provider = ProviderId::new("bench-1").unwrap();
-        let ep = Endpoint::new("10.1.2.3", 8080).unwrap();
-        let meta: Metadata = [("zone", "eu-1a"), ("version", "1.4.2")].into();
-        let delta_size = {
-            let mut r = Replica::new(ReplicaId(0x1000));
-            let d = r.register(
-                service.clone(),
-                provider.clone(),
-                ep.clone(),
-                meta.clone(),
-                30_000,
-                roster_registry::Hlc::new(sim.now_ms(), 0),
-            );
-            encode_state(&d.unwrap().delta).len()
-        };
-        // The bytes of the messages that carried it: deltas holding a registration (none
-        // other is written meanwhile; a lease renewal batched with it counts too). Lease
-        // renewals never stop, so the network's total over the window would mostly be them.
-        let window_ms = 2_000;
-        sim.classify_deltas(true);
-        let carrying = |sim: &Sim| sim.traffic_by_kind().get("delta").copied().unwrap_or_default();
-        let carried_before = carrying(&sim);
-        sim.keep_log(true);
-        let start = sim.now_ms();
-        let rx_before = total_received(&sim);
-        sim.with_node(0, |node, now| {
-            node.register(service.clone(), provider.clone(), ep.clone(), meta.clone(), now)
-                .unwrap()
-        });
-        sim.run_for(window_ms);
-        let (copies, rx) = {
-            let after = carrying(&sim);
-            (after.0 - carried_before.0, after.1 - carried_before.1)
-        };
-        if std::env::var("SIM_KINDS").is_ok() {
-            eprintln!(
-                "update window: {} bytes received in all, kinds {:?}",
-                total_received(&sim) - rx_before,
-                sim.traffic_by_kind()
-            );
-        }
-        let mut reached = vec![None; n];
-        reached[0] = Some(start);
-        for (i, t, c) in sim.log() {
-            if let Change::Up(inst) = c {
-                if inst.service == service && reached[*i].is_none() {
-                    reached[*i] = Some(*t);
-                }
-            }
-        }
-        let all = reached.iter().all(Option::is_some);
-        let last = reached.iter().flatten().max().copied().unwrap_or(start) - start;
-        let per_node = rx as f64 / n as f64;
-        let copies_per_node = copies as f64 / n as f64;
+        let u = measure_update(&mut sim, n);
         println!(
             "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {} |",
-            if all {
-                last.to_string()
-            } else {
-                "not all".to_string()
-            },
-            last as f64 / cfg.gossip_interval_ms as f64,
-            per_node,
-            copies_per_node,
-            per_node / delta_size as f64,
+            u.last_ms.map_or("not all".to_string(), |l| l.to_string()),
+            u.last_ms.unwrap_or(u.slowest_ms) as f64 / cfg.gossip_interval_ms as f64,
+            u.per_node,
+            u.copies_per_node,
+            u.per_node / u.delta_size as f64,
             idle,
             idle * 60.0,
             t0.elapsed().as_secs_f64(),
             peak_rss_mib().map_or("?".to_string(), |m| m.to_string())
         );
+    }
+}
+
+/// `n` nodes bootstrapped and settled past their first renewals.
+fn settled(n: usize, cfg: Config, seed: u64, t0: std::time::Instant) -> Sim {
+    let faults = Faults {
+        loss_permille: 0,
+        dup_permille: 0,
+        min_delay_ms: 1,
+        max_delay_ms: 5,
+    };
+    let mut sim = Sim::new(n, cfg, faults, seed);
+    let start_ms = sim.now_ms();
+    let mut settled = false;
+    for _ in 0..600 {
+        sim.run_for(1_000);
+        if (0..n).all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1) && sim.converged() {
+            settled = true;
+            break;
+        }
+    }
+    assert!(settled, "{n} nodes did not settle in 600 s");
+    eprintln!(
+        "{n} nodes: settled after {} s of virtual time, {:.1} s of wall time",
+        (sim.now_ms() - start_ms) / 1_000,
+        t0.elapsed().as_secs_f64()
+    );
+    sim.run_for(30_000);
+    sim
+}
+
+/// Idle: nothing changes but lease renewals, digest hashes and what they find. Returns
+/// the bytes each node sends per second.
+fn measure_idle(sim: &mut Sim, n: usize) -> f64 {
+    let before = total_sent(sim);
+    sim.classify_deltas(std::env::var("SIM_KINDS").is_ok());
+    let kinds_before = sim.traffic_by_kind().clone();
+    // Long enough to hold every node's renewal (SIM_IDLE_S; the lease grows with N).
+    let idle_s: u64 = std::env::var("SIM_IDLE_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120);
+    sim.run_for(idle_s * 1_000);
+    let idle = (total_sent(sim) - before) as f64 / n as f64 / idle_s as f64;
+    if std::env::var("SIM_KINDS").is_ok() {
+        // What the idle bytes were: messages and bytes of each kind, per node per minute.
+        let per_min = |v: u64| v as f64 * 60.0 / idle_s as f64 / n as f64;
+        for (kind, (m, b)) in sim.traffic_by_kind() {
+            let (m0, b0) = kinds_before.get(kind).copied().unwrap_or_default();
+            eprintln!(
+                "idle {kind}: {:.1} messages, {:.0} bytes per node per minute",
+                per_min(m - m0),
+                per_min(b - b0)
+            );
+        }
+        let (dead, refuted) = (0..n).filter_map(|i| sim.node(i)).fold((0, 0), |(d, r), node| {
+            let c = node.counters();
+            (d + c.deaths_written, r + c.deaths_refuted)
+        });
+        eprintln!("deaths written {dead}, refuted {refuted} (all nodes, whole run)");
+    }
+    idle
+}
+
+/// What one update cost to reach every node.
+struct Update {
+    /// When the last node had it (ms after the write); `None` when some never did.
+    last_ms: Option<u64>,
+    /// When the last node that had it got it.
+    slowest_ms: u64,
+    /// Bytes received per node in the messages that carried it.
+    per_node: f64,
+    /// Messages that carried it, per node.
+    copies_per_node: f64,
+    /// The size of its delta alone.
+    delta_size: usize,
+}
+
+/// One update, from the middle of a renewal period.
+fn measure_update(sim: &mut Sim, n: usize) -> Update {
+    let service = ServiceName::new("bench").unwrap();
+    let provider = ProviderId::new("bench-1").unwrap();
+    let ep = Endpoint::new("10.1.2.3", 8080).unwrap();
+    let meta: Metadata = [("zone", "eu-1a"), ("version", "1.4.2")].into();
+    let delta_size = {
+        let mut r = Replica::new(ReplicaId(0x1000));
+        let d = r.register(
+            service.clone(),
+            provider.clone(),
+            ep.clone(),
+            meta.clone(),
+            30_000,
+            roster_registry::Hlc::new(sim.now_ms(), 0),
+        );
+        encode_state(&d.unwrap().delta).len()
+    };
+    // The bytes of the messages that carried it: deltas holding a registration (none
+    // other is written meanwhile; a lease renewal batched with it counts too). Lease
+    // renewals never stop, so the network's total over the window would mostly be them.
+    let window_ms = 2_000;
+    sim.classify_deltas(true);
+    let carrying = |sim: &Sim| sim.traffic_by_kind().get("delta").copied().unwrap_or_default();
+    let carried_before = carrying(sim);
+    sim.keep_log(true);
+    let start = sim.now_ms();
+    let rx_before = total_received(sim);
+    sim.with_node(0, |node, now| {
+        node.register(service.clone(), provider.clone(), ep.clone(), meta.clone(), now)
+            .unwrap()
+    });
+    sim.run_for(window_ms);
+    let (copies, rx) = {
+        let after = carrying(sim);
+        (after.0 - carried_before.0, after.1 - carried_before.1)
+    };
+    if std::env::var("SIM_KINDS").is_ok() {
+        eprintln!(
+            "update window: {} bytes received in all, kinds {:?}",
+            total_received(sim) - rx_before,
+            sim.traffic_by_kind()
+        );
+    }
+    let mut reached = vec![None; n];
+    reached[0] = Some(start);
+    for (i, t, c) in sim.log() {
+        if let Change::Up(inst) = c {
+            if inst.service == service && reached[*i].is_none() {
+                reached[*i] = Some(*t);
+            }
+        }
+    }
+    let all = reached.iter().all(Option::is_some);
+    let slowest_ms = reached.iter().flatten().max().copied().unwrap_or(start) - start;
+    Update {
+        last_ms: all.then_some(slowest_ms),
+        slowest_ms,
+        per_node: rx as f64 / n as f64,
+        copies_per_node: copies as f64 / n as f64,
+        delta_size,
     }
 }
