@@ -491,9 +491,7 @@ impl Settings {
 fn start_failed(e: roster::Error) -> Fail {
     use roster::transport::driver::StartError;
     match e {
-        roster::Error::Invalid(m) if m.starts_with("TLS: ") => {
-            Fail::usage(format!("{m}; check --tls-cert, --tls-key and --tls-ca"))
-        }
+        e @ roster::Error::Tls(_) => Fail::usage(format!("{e}; check --tls-cert, --tls-key and --tls-ca")),
         roster::Error::Invalid(m) => Fail::usage(m),
         roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
             "no cluster secret: an agent without one listens on loopback only, not on {addr}; \

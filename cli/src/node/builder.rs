@@ -279,7 +279,7 @@ impl NodeBuilder {
 
     fn check(&self) -> Result<(), Error> {
         if let Some(tls) = &self.tls {
-            tls.check().map_err(|e| Error::Invalid(format!("TLS: {e}")))?;
+            tls.check().map_err(|e| Error::Tls(e.to_string()))?;
         }
         if self.fanout == 0 || self.fanout > 64 {
             return Err(Error::Invalid(format!(

@@ -16,6 +16,9 @@ pub enum Error {
     /// Bad input: a name, an address, metadata, a TTL.
     #[error("{0}")]
     Invalid(String),
+    /// The TLS files (`NodeBuilder::tls`) could not be read or do not fit together.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The data directory.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -43,6 +46,9 @@ pub enum Error {
     /// a bug, not bad input. Nothing it was doing is known to have happened.
     #[error("a task of the node failed: {0}; this is a bug in roster, please report it")]
     TaskFailed(String),
+    /// The operating system could not give what the node needs (randomness for its id).
+    #[error("{0}")]
+    System(String),
     /// A throttled action ran too recently.
     #[error("{message}")]
     Throttled {

@@ -51,9 +51,8 @@ impl NodeBuilder {
         self.check()?;
         let secret = self.secret()?;
         let listener = self.bind(secret.is_some()).await?;
-        let new_id = ReplicaId(
-            getrandom::u64().map_err(|e| Error::Invalid(format!("no random id from the OS: {e}")))?,
-        );
+        let new_id =
+            ReplicaId(getrandom::u64().map_err(|e| Error::System(format!("no random id from the OS: {e}")))?);
         let now = now_ms();
         let disk = self.open_disk(new_id, now).await?;
         let guard = self.guard(&disk, now);
