@@ -104,7 +104,17 @@ fn parse_guard(s: &str) -> Result<Guard, String> {
     if s.trim() == "off" {
         return Ok(Guard::Off);
     }
-    s.parse().map(Guard::On)
+    let bad = || format!("crash guard {s:?} is not N/DURATION (e.g. 5/5m) or off");
+    let (n, d) = s.split_once('/').ok_or_else(bad)?;
+    let launches: u32 = n.trim().parse().map_err(|_| bad())?;
+    let window = humantime::parse_duration(d.trim()).map_err(|_| bad())?;
+    if launches == 0 || window < Duration::from_secs(1) || window > Duration::from_secs(24 * 3600) {
+        return Err(format!(
+            "{}: use 1 or more launches and a window of 1s to 24h",
+            bad()
+        ));
+    }
+    Ok(Guard::On(roster::CrashGuard { launches, window }))
 }
 
 /// The config file: the flags' names as keys.

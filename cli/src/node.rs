@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use roster_registry::{Health, ProviderId, ServiceName, Status};
 use roster_transport::driver::Handle;
 use roster_transport::handshake::Secret;
+pub use roster_transport::proto::CrashGuard;
 use roster_transport::proto::{self, MEMBERS_SERVICE};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -74,39 +75,7 @@ const MAX_CLOCK_SKEW_MS: u64 = 10 * 60 * 1000;
 /// The default least time between two manual syncs.
 pub const DEFAULT_SYNC_MIN_INTERVAL: Duration = Duration::from_secs(30);
 /// The default crash-loop guard: more than 5 launches within 5 minutes.
-pub const DEFAULT_CRASH_GUARD: CrashGuard = CrashGuard {
-    launches: 5,
-    window: Duration::from_secs(300),
-};
-
-/// The crash-loop guard: more than `launches` launches within `window` put the node in
-/// crash-guard mode until it has stayed up for `window`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CrashGuard {
-    /// Launches allowed within the window.
-    pub launches: u32,
-    /// The window.
-    pub window: Duration,
-}
-
-impl std::str::FromStr for CrashGuard {
-    type Err = String;
-
-    /// `N/DUR` (`5/5m`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("crash guard {s:?} is not N/DURATION (e.g. 5/5m) or off");
-        let (n, d) = s.split_once('/').ok_or_else(bad)?;
-        let launches: u32 = n.trim().parse().map_err(|_| bad())?;
-        let window = humantime::parse_duration(d.trim()).map_err(|_| bad())?;
-        if launches == 0 || window < Duration::from_secs(1) || window > Duration::from_secs(24 * 3600) {
-            return Err(format!(
-                "{}: use 1 or more launches and a window of 1s to 24h",
-                bad()
-            ));
-        }
-        Ok(Self { launches, window })
-    }
-}
+pub const DEFAULT_CRASH_GUARD: CrashGuard = CrashGuard::DEFAULT;
 /// The default cluster name.
 pub const DEFAULT_CLUSTER: &str = "roster";
 /// The shortest `ttl` a registration may have ([`Service::ttl`], `roster register --ttl`).

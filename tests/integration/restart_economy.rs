@@ -524,7 +524,7 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
         11,
         launched,
         Resume {
-            crash_guard: true,
+            crash_guard: Some(roster_transport::proto::CrashGuard::DEFAULT),
             // What the process before shipped: its membership lease, renewed at t0.
             leases_shipped: before.memory().leases_shipped,
             ..Resume::default()

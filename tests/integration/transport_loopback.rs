@@ -1017,9 +1017,13 @@ async fn a_node_under_reconnect_pressure_sheds_peers_with_a_retry_after_hint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_under_the_crash_guard_turns_peers_away_for_minutes() {
+async fn a_node_under_the_crash_guard_turns_peers_away_for_its_window() {
     let mut cfg = config("a", None);
-    cfg.resume.crash_guard = true;
+    // A window of two minutes: peers come back after it, spread over half as long again.
+    cfg.resume.crash_guard = Some(roster_transport::proto::CrashGuard {
+        launches: 5,
+        window: Duration::from_secs(120),
+    });
     let a = start(1, cfg, &[]).await;
     let upgrade = || async {
         let tcp = TcpStream::connect(a.local_addr()).await.unwrap();
@@ -1031,7 +1035,7 @@ async fn a_node_under_the_crash_guard_turns_peers_away_for_minutes() {
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
             assert_eq!(resp.status().as_u16(), 503);
             let secs: u64 = resp.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
-            assert!((300..450).contains(&secs), "Retry-After {secs}");
+            assert!((120..180).contains(&secs), "Retry-After {secs}");
         }
         other => panic!("expected a 503, got {:?}", other.map(|_| ())),
     }

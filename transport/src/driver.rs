@@ -143,7 +143,7 @@ pub fn start(
         url: url.clone(),
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
-    let guarded = config.resume.crash_guard;
+    let guard = config.resume.crash_guard;
     let clocks = Clocks::start();
     // Own registrations are written again by the node task, first thing: reads are served
     // from the replica as loaded meanwhile (see `Handle::resumed`).
@@ -165,7 +165,7 @@ pub fn start(
         secret: config.secret.clone(),
         max_skew_ms: config.protocol.max_skew_ms,
     };
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         handshake,
         config.limits,
         config.protocol.max_inbound,
@@ -173,10 +173,14 @@ pub fn start(
         shutdown.clone(),
         tls,
         config.clients,
-    ));
+    );
+    if let Some(guard) = guard {
+        shared.guard_retry_s = guard.peer_retry_after_s();
+    }
+    let shared = Arc::new(shared);
     shared
         .refuse_peers
-        .store(guarded, std::sync::atomic::Ordering::Relaxed);
+        .store(guard.is_some(), std::sync::atomic::Ordering::Relaxed);
     if config.secret.is_none() {
         warn!(node = info.name, %local_addr, "no cluster secret: peers are not authenticated (loopback only)");
     }

@@ -33,7 +33,7 @@ use super::tls::Tls;
 use crate::backoff::Failure;
 use crate::handshake::{HandshakeConfig, HandshakeError};
 use crate::message::Envelope;
-use crate::proto::{ConnId, DialTarget, NodeInfo};
+use crate::proto::{ConnId, CrashGuard, DialTarget, NodeInfo};
 use tokio_rustls::rustls::pki_types::CertificateDer;
 
 mod accept;
@@ -62,9 +62,6 @@ pub struct ClientProtocol {
     /// Where its connections go after the upgrade.
     pub conns: mpsc::Sender<ClientConn>,
 }
-/// The least retry-after, in seconds, a node under the crash guard gives peers that dial it
-/// (the default guard window: it dials out itself when its lease needs it).
-const GUARDED_RETRY_S: u64 = 300;
 /// Source addresses tracked for the peer accept rate (the map is reset past it).
 const MAX_ACCEPT_BUCKETS: usize = 4_096;
 /// How long a node that another node answered for is left alone.
@@ -129,6 +126,9 @@ pub(super) struct Shared {
     /// Under the crash-loop guard, peers are turned away with a long retry-after: the
     /// node dials out itself when its lease needs it.
     pub refuse_peers: AtomicBool,
+    /// The least retry-after, in seconds, peers are given meanwhile (the guard's window,
+    /// `CrashGuard::peer_retry_after_s`).
+    pub guard_retry_s: u64,
     /// Cleared by [`super::Handle::stop`]: the shutdown that follows keeps what the node
     /// owns (peers keep it within its lease) instead of leaving.
     pub leave: AtomicBool,
@@ -193,6 +193,7 @@ impl Shared {
             unauthenticated: Arc::new(Unauthenticated::default()),
             log_gate: LogGate::default(),
             refuse_peers: AtomicBool::new(false),
+            guard_retry_s: CrashGuard::DEFAULT.peer_retry_after_s(),
             leave: AtomicBool::new(true),
             next_conn: AtomicU64::new(1),
         }

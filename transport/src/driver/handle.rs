@@ -273,8 +273,8 @@ impl Handle {
     }
 
     /// Turns the crash-loop guard on or off (see `proto::Node::set_crash_guard`). Under it
-    /// the node also turns dialing peers away (`503`, `Retry-After` of 5 to 7.5 minutes):
-    /// it dials out itself when its lease needs renewing.
+    /// the node also turns dialing peers away (`503`, a `Retry-After` of the guard's window
+    /// to half as long again): it dials out itself when its lease needs renewing.
     ///
     /// # Errors
     /// [`DriverError::Stopped`] when the node has stopped.

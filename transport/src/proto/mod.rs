@@ -51,6 +51,7 @@ mod time;
 mod timers;
 mod types;
 
+pub use guard::CrashGuard;
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
 pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
 use membership::{member_meta, member_provider, members_service};
@@ -282,7 +283,7 @@ impl Node {
             counters: Counters::default(),
             stopping: false,
             synced: false,
-            guarded: resume.crash_guard,
+            guarded: resume.crash_guard.is_some(),
             guard_dial_at: 0,
             leases_shipped: resume.leases_shipped,
             start_ctx: CausalContext::new(),

@@ -26,8 +26,9 @@ pub struct Resume {
     pub peers: Vec<PeerMemory>,
     /// The backoff of each seed URL.
     pub seeds: Vec<(String, Backoff)>,
-    /// Start under the crash-loop guard (see [`super::Node::set_crash_guard`]).
-    pub crash_guard: bool,
+    /// Start under this crash-loop guard (see [`super::Node::set_crash_guard`]); `None`:
+    /// not under it.
+    pub crash_guard: Option<super::CrashGuard>,
     /// [`Memory::leases_shipped`] of the process before.
     pub leases_shipped: Option<(u64, u64)>,
 }

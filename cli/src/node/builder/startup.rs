@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use roster_registry::{Replica, ReplicaId};
 use roster_transport::driver::{self, ClientProtocol, DriverConfig, StartError};
 use roster_transport::handshake::Secret;
-use roster_transport::proto::{self, Resume};
+use roster_transport::proto::{self, CrashGuard, Resume};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -34,11 +34,12 @@ struct Disk {
     memory: proto::Memory,
 }
 
-/// Whether this launch starts under the crash-loop guard.
+/// This launch and the crash-loop guard.
 struct Guard {
-    on: bool,
+    /// The guard this launch starts under; `None`: not under it.
+    on: Option<CrashGuard>,
+    /// Launches within the guard's window, this one among them.
     launches_recent: u64,
-    window: Duration,
 }
 
 impl NodeBuilder {
@@ -85,7 +86,7 @@ impl NodeBuilder {
             sync_min_interval: self.sync_min_interval,
             started: Instant::now(),
             launches_recent: guard.launches_recent,
-            guarded: std::sync::atomic::AtomicBool::new(guard.on),
+            guarded: std::sync::atomic::AtomicBool::new(guard.on.is_some()),
             owned: Mutex::new(owned),
             queue: std::sync::Mutex::default(),
             secret,
@@ -232,36 +233,29 @@ impl NodeBuilder {
     /// Whether this launch is under the crash-loop guard: more launches within its window
     /// than it allows (a node without a data directory counts none).
     fn guard(&self, disk: &Disk, now: u64) -> Guard {
-        let window = self.crash_guard.map_or(Duration::from_secs(300), |g| g.window);
-        let since = now.saturating_sub(millis(window));
-        let launches_recent = disk.launches.iter().filter(|t| **t >= since).count() as u64;
-        let on = self
-            .crash_guard
-            .is_some_and(|g| disk.store.is_some() && launches_recent > u64::from(g.launches));
-        if on {
+        let policy = self.crash_guard.unwrap_or(CrashGuard::DEFAULT);
+        let (over, launches_recent) = policy.judge(&disk.launches, now);
+        let on = (over && self.crash_guard.is_some() && disk.store.is_some()).then_some(policy);
+        if let Some(g) = on {
             warn!(
                 launches = launches_recent,
                 "crash-loop guard on: more than {} launches within {}; until this process has been up that long it keeps to the essential (one connection, the long backoff, no full state unasked)",
-                self.crash_guard.map_or(0, |g| g.launches),
-                humantime::format_duration(window)
+                g.launches,
+                humantime::format_duration(g.window)
             );
         }
-        Guard {
-            on,
-            launches_recent,
-            window,
-        }
+        Guard { on, launches_recent }
     }
 
     /// What the protocol resumes, and the own registrations by key.
-    fn resume(&self, disk: &Disk, guarded: bool) -> (Resume, BTreeMap<String, OwnedRecord>) {
+    fn resume(&self, disk: &Disk, guard: Option<CrashGuard>) -> (Resume, BTreeMap<String, OwnedRecord>) {
         let mut resume = Resume {
             owned: Vec::new(),
             removed: disk.removed.clone(),
             drop_unowned: disk.store.is_some(),
             peers: disk.memory.peers.clone(),
             seeds: disk.memory.seeds.clone(),
-            crash_guard: guarded,
+            crash_guard: guard,
             leases_shipped: disk.memory.leases_shipped,
         };
         let mut owned = BTreeMap::new();
@@ -316,8 +310,8 @@ impl NodeBuilder {
                 .tasks
                 .spawn(saver(inner.handle.clone(), store, inner.cancel.clone()));
         }
-        if guard.on {
-            inner.tasks.spawn(end_guard(Arc::downgrade(inner), guard.window));
+        if let Some(g) = guard.on {
+            inner.tasks.spawn(end_guard(Arc::downgrade(inner), g.window));
         }
         inner
             .tasks

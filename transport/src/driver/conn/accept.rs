@@ -14,8 +14,7 @@ use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, warn};
 
 use super::{
-    refuse, run, server_handshake, ws_fail, ClientConn, ClientStream, Fail, PeerCert, Shared,
-    GUARDED_RETRY_S, SUBPROTOCOL,
+    refuse, run, server_handshake, ws_fail, ClientConn, ClientStream, Fail, PeerCert, Shared, SUBPROTOCOL,
 };
 use crate::driver::admit::PendingGuard;
 use crate::driver::limits::bump;
@@ -194,8 +193,9 @@ pub(super) async fn accept_over(
 fn shed(shared: &Shared, addr: SocketAddr, client: bool) -> Option<u64> {
     if !client && shared.refuse_peers.load(Ordering::Relaxed) {
         bump(&shared.counts.peers_shed);
-        // Under the crash guard: come back in five to seven and a half minutes.
-        return Some(GUARDED_RETRY_S + getrandom::u64().unwrap_or(0) % (GUARDED_RETRY_S / 2));
+        // Under the crash guard: come back after its window, spread over half as long again.
+        let retry = shared.guard_retry_s;
+        return Some(retry + getrandom::u64().unwrap_or(0) % (retry / 2).max(1));
     }
     if shared.may_accept(addr.ip(), client) {
         return None;
