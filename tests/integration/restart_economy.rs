@@ -241,6 +241,35 @@ fn a_node_killed_after_acknowledging_a_delta_it_had_not_saved_gets_it_after_its_
     );
 }
 
+/// Node 1 with one seed (machine 0), started at 1,000,000 ms from `resume`.
+fn seeded_node(resume: Resume) -> Node {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+    };
+    Node::with_resume(
+        me,
+        Replica::new(ReplicaId(1)),
+        vec![url(0)],
+        config(),
+        7,
+        1_000_000,
+        resume,
+    )
+    .unwrap()
+    .0
+}
+
+/// How many dials to a seed the node asks for now.
+fn seed_dials(node: &mut Node) -> u32 {
+    let mut dials = 0;
+    while let Some(o) = node.poll_output() {
+        dials += u32::from(matches!(o, Output::Dial(DialTarget::Seed { .. })));
+    }
+    dials
+}
+
 #[test]
 fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
     let me = NodeInfo {
@@ -248,23 +277,7 @@ fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
         name: "a".into(),
         url: url(1),
     };
-    let start = |resume: Resume| {
-        let (mut node, _) = Node::with_resume(
-            me.clone(),
-            Replica::new(ReplicaId(1)),
-            vec![url(0)],
-            config(),
-            7,
-            1_000_000,
-            resume,
-        )
-        .unwrap();
-        let mut dials = 0;
-        while let Some(o) = node.poll_output() {
-            dials += u32::from(matches!(o, Output::Dial(DialTarget::Seed { .. })));
-        }
-        dials
-    };
+    let start = |resume: Resume| seed_dials(&mut seeded_node(resume));
     assert_eq!(
         start(Resume::default()),
         1,
@@ -308,31 +321,7 @@ fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
 
 #[test]
 fn a_refusal_for_clock_skew_is_brief_and_not_carried_to_the_next_process() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-    };
-    let start = |resume: Resume| {
-        Node::with_resume(
-            me.clone(),
-            Replica::new(ReplicaId(1)),
-            vec![url(0)],
-            config(),
-            7,
-            1_000_000,
-            resume,
-        )
-        .unwrap()
-        .0
-    };
-    let seed_dials = |node: &mut Node| {
-        let mut dials = 0;
-        while let Some(o) = node.poll_output() {
-            dials += u32::from(matches!(o, Output::Dial(DialTarget::Seed { .. })));
-        }
-        dials
-    };
+    let start = seeded_node;
     // Refused for skew ten times in a row: it tries again on the network schedule (at most
     // 30 s and its jitter), not after the minutes of a wrong secret.
     let mut node = start(Resume::default());
