@@ -168,6 +168,11 @@ impl Replica {
 
     pub(crate) fn mint(&mut self) -> Dot {
         let c = self.counter() + 1;
+        // A dot minted twice would be two writes a peer takes for one.
+        debug_assert!(
+            c > self.state.ctx.max_counter(self.id),
+            "a minted counter lies above every counter of this node in the context"
+        );
         self.counter_floor = c;
         dot(self.id, c)
     }

@@ -83,6 +83,13 @@ impl DeltaBuffer {
             entries: delta.registration_count() + delta.lease_count(),
             delta: encode_state(&delta).into_boxed_slice(),
         });
+        // `after` finds an entry by its distance from the first: numbers without gaps.
+        debug_assert!(
+            self.entries
+                .front()
+                .is_some_and(|f| f.seq + self.entries.len() as u64 - 1 == self.head),
+            "the buffered deltas are numbered without gaps up to the head"
+        );
         self.head
     }
 
