@@ -1,4 +1,5 @@
-//! Loading a store: its format checked (or migrated), its identity, and what the node resumes from.
+//! Loading a store: its format checked (or migrated), its identity, and what the node
+//! resumes from.
 
 use redb::{Database, ReadableTable};
 use roster_registry::{RegKey, Replica, ReplicaId};
