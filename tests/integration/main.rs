@@ -12,6 +12,9 @@ mod support;
 /// The CRDT laws and the registry's semantic properties, over reachable states.
 mod registry_props;
 
+/// What a join forwards and what a peer is sent, over reachable states.
+mod registry_deltas;
+
 /// The encoding: round trips, golden vectors, and refusal of bad bytes.
 mod registry_codec;
 
