@@ -12,9 +12,10 @@ use roster_transport::driver::Handle;
 use roster_transport::message::{Envelope, Message};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
+use crate::transport_chunks::whole;
 use crate::transport_loopback::{
     authenticated_client, closed, cluster_of_three, eventually, members, now_ms, register, shows,
-    shutdown_all, whole,
+    shutdown_all,
 };
 
 /// Sends `message` to `node` as a hostile peer; returns the open connection.

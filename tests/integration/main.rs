@@ -40,6 +40,9 @@ mod transport_liveness;
 /// Real nodes over loopback WebSockets: convergence, authentication, limits.
 mod transport_loopback;
 
+/// Large messages between real nodes: chunked states, and chunks that break the rules.
+mod transport_chunks;
+
 /// A hostile peer with the secret sends poisoned deltas; the cluster keeps every live
 /// owner's registrations.
 mod hostile_peer;

@@ -11,7 +11,7 @@ use crate::registry_props::{join, three_states, CASES};
 use crate::support::{check, Op, Rules, Schedule, Sim};
 
 #[test]
-pub(super) fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
+fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
     // A node forwards what a full sync taught it as a delta. A peer that held everything
     // the node held before (and maybe more) must end where the node's new state would take it.
     check(
@@ -48,7 +48,7 @@ pub(super) fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_ol
 }
 
 #[test]
-pub(super) fn the_effective_delta_of_each_delta_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
+fn the_effective_delta_of_each_delta_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
     // The same for deltas, received in any order (a delta may then teach dots whose writes
     // we never held): the effective delta names only the keys the received delta named, so
     // a peer's join must visit no others.
@@ -91,7 +91,7 @@ pub(super) fn the_effective_delta_of_each_delta_join_brings_any_peer_that_had_ou
 }
 
 #[test]
-pub(super) fn a_replica_that_missed_a_removal_has_a_smaller_context() {
+fn a_replica_that_missed_a_removal_has_a_smaller_context() {
     // Digests compare contexts; a removal must show in them, or a replica that missed
     // one would look up to date forever.
     use roster_registry::{Hlc, Metadata, Replica, ReplicaId};
@@ -144,7 +144,7 @@ pub(super) fn a_replica_that_missed_a_removal_has_a_smaller_context() {
 /// trimmed for the peer's digest, then joined (trimming one by one keeps only the key hints
 /// of the deltas that remove something). True when the peer, and any state that has seen
 /// more, joins that as it joins the whole.
-pub(super) fn trimmed_one_by_one_joins_as_the_whole(s: &Schedule) -> bool {
+fn trimmed_one_by_one_joins_as_the_whole(s: &Schedule) -> bool {
     let sim = Sim::run(Rules::default(), s);
     let y = sim.replicas[1].state().clone();
     let later = join(&y, sim.replicas[2].state());
@@ -161,7 +161,7 @@ pub(super) fn trimmed_one_by_one_joins_as_the_whole(s: &Schedule) -> bool {
 }
 
 #[test]
-pub(super) fn deltas_trimmed_one_by_one_for_a_peer_join_into_it_as_their_whole_join_does() {
+fn deltas_trimmed_one_by_one_for_a_peer_join_into_it_as_their_whole_join_does() {
     check(
         "deltas_trimmed_one_by_one",
         CASES,
@@ -175,7 +175,7 @@ pub(super) fn deltas_trimmed_one_by_one_for_a_peer_join_into_it_as_their_whole_j
 /// the join. Trimmed deltas that remove something now keep the keys of the values they
 /// leave out.
 #[test]
-pub(super) fn a_trimmed_overwrite_still_removes_the_write_it_replaced() {
+fn a_trimmed_overwrite_still_removes_the_write_it_replaced() {
     let schedule = Schedule(vec![
         Op::Register {
             at: 21,
@@ -221,7 +221,7 @@ pub(super) fn a_trimmed_overwrite_still_removes_the_write_it_replaced() {
 }
 
 #[test]
-pub(super) fn a_state_trimmed_for_a_peer_joins_into_it_as_the_whole_does() {
+fn a_state_trimmed_for_a_peer_joins_into_it_as_the_whole_does() {
     check(
         "trimmed_for_equals_the_whole",
         CASES,

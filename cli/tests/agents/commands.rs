@@ -5,7 +5,7 @@
 use super::*;
 
 #[test]
-pub(super) fn bad_input_gets_a_clear_error_and_changes_nothing() {
+fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let big = format!("k={}", "x".repeat(5_000));
@@ -181,7 +181,7 @@ pub(super) fn bad_input_gets_a_clear_error_and_changes_nothing() {
 }
 
 #[test]
-pub(super) fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
+fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     // A port nothing listens on: bind one, note it, release it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -206,7 +206,7 @@ pub(super) fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start
 }
 
 #[test]
-pub(super) fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
+fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
     let root = tempfile::tempdir().unwrap();
     let cfg = root.path().join("roster.toml");
     std::fs::write(
@@ -261,7 +261,7 @@ pub(super) fn the_config_file_and_variables_set_the_agents_flags_and_flags_win()
 }
 
 #[test]
-pub(super) fn status_members_explain_and_sync_answer_in_json() {
+fn status_members_explain_and_sync_answer_in_json() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &["--sync-min-interval", "1h"]);
     let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
@@ -359,7 +359,7 @@ pub(super) fn status_members_explain_and_sync_answer_in_json() {
 }
 
 #[test]
-pub(super) fn roster_id_makes_and_prints_a_data_dirs_identity_without_counting_a_start() {
+fn roster_id_makes_and_prints_a_data_dirs_identity_without_counting_a_start() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let d = path_str(&dir);
@@ -396,7 +396,7 @@ pub(super) fn roster_id_makes_and_prints_a_data_dirs_identity_without_counting_a
 }
 
 #[test]
-pub(super) fn an_agent_with_nobody_to_join_opens_no_connection() {
+fn an_agent_with_nobody_to_join_opens_no_connection() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     assert!(a.roster(&["register", "web", "127.0.0.1:80"]).status.success());
@@ -410,7 +410,7 @@ pub(super) fn an_agent_with_nobody_to_join_opens_no_connection() {
 /// owner deregisters it, it is free. (Two nodes keeping one instance would each take it
 /// from the other.)
 #[test]
-pub(super) fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() {
+fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);

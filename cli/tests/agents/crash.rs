@@ -4,10 +4,10 @@
 use super::*;
 
 /// The services the crash test writes to.
-pub(super) const CRASH_SERVICES: [&str; 3] = ["web", "db", "cache"];
+const CRASH_SERVICES: [&str; 3] = ["web", "db", "cache"];
 
 /// A write that got no answer: it may have happened or not.
-pub(super) struct InFlight {
+struct InFlight {
     key: Key,
     /// The address it registered, or `None` for a deregistration.
     to: Option<String>,
@@ -17,7 +17,7 @@ pub(super) struct InFlight {
 }
 
 /// One writer's keys and what it knows was acknowledged on them.
-pub(super) struct Writer {
+struct Writer {
     keys: Vec<Key>,
     acked: Regs,
     rng: Rng,
@@ -75,7 +75,7 @@ impl Writer {
 }
 
 /// What an agent holds of the crash test's services.
-pub(super) fn regs(agent: &Agent) -> Regs {
+fn regs(agent: &Agent) -> Regs {
     let mut out = Regs::new();
     for s in CRASH_SERVICES {
         for i in agent.instances(s) {
@@ -94,7 +94,7 @@ pub(super) fn regs(agent: &Agent) -> Regs {
 /// (the kinds of moment, the delays, the writes); where a kill lands among the writes
 /// still varies from run to run.
 #[test]
-pub(super) fn an_agent_killed_at_any_moment_keeps_every_acknowledged_write_and_rejoins() {
+fn an_agent_killed_at_any_moment_keeps_every_acknowledged_write_and_rejoins() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let seed = test_seed("an_agent_killed_at_any_moment_keeps_every_acknowledged_write_and_rejoins");

@@ -3,7 +3,7 @@
 use super::*;
 
 #[test]
-pub(super) fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
+fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let _a = Agent::start(&dir, "a", &[]);
@@ -38,7 +38,7 @@ pub(super) fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
 
 /// Runs `roster agent` on `dir`, which should refuse to start: its output, or `None` when
 /// it was still running after `limit` (then it is killed by its pid).
-pub(super) fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
+fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
     let mut child = Command::new(BIN)
         .args(["agent", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
@@ -60,7 +60,7 @@ pub(super) fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
 }
 
 #[test]
-pub(super) fn an_empty_store_file_is_refused_at_start_and_never_becomes_a_new_node() {
+fn an_empty_store_file_is_refused_at_start_and_never_becomes_a_new_node() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     std::fs::create_dir_all(&dir).unwrap();
@@ -85,7 +85,7 @@ pub(super) fn an_empty_store_file_is_refused_at_start_and_never_becomes_a_new_no
 }
 
 /// A small tmpfs mounted for one test (Linux, as root), unmounted when dropped.
-pub(super) struct SmallDisk {
+struct SmallDisk {
     dir: PathBuf,
 }
 
@@ -135,8 +135,7 @@ impl Drop for SmallDisk {
 }
 
 #[test]
-pub(super) fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_once_space_is_freed()
-{
+fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_writes_again_once_space_is_freed() {
     let root = tempfile::tempdir().unwrap();
     let Some(disk) = SmallDisk::mount(&root.path().join("disk"), "4m") else {
         eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
@@ -228,7 +227,7 @@ pub(super) fn a_full_disk_refuses_changes_with_a_clear_error_and_the_agent_write
 /// names the way out; `--reset-identity` starts it under a new id with its registrations,
 /// without wiping the directory by hand.
 #[test]
-pub(super) fn an_unreadable_replica_is_refused_and_reset_identity_recovers_the_nodes_registrations() {
+fn an_unreadable_replica_is_refused_and_reset_identity_recovers_the_nodes_registrations() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let a = Agent::start(&dir, "a", &[]);

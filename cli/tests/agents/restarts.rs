@@ -4,7 +4,7 @@
 use super::*;
 
 #[test]
-pub(super) fn an_agent_killed_and_restarted_on_its_data_dir_resumes_and_peers_see_only_updates() {
+fn an_agent_killed_and_restarted_on_its_data_dir_resumes_and_peers_see_only_updates() {
     let root = tempfile::tempdir().unwrap();
     let (a, b, c) = cluster(root.path());
     let out = b.roster(&["register", "api", "127.0.0.1:9000", "--id", "api-1"]);
@@ -45,7 +45,7 @@ pub(super) fn an_agent_killed_and_restarted_on_its_data_dir_resumes_and_peers_se
 }
 
 #[test]
-pub(super) fn a_restarted_agent_has_its_registrations_and_replica_before_it_talks_to_a_peer() {
+fn a_restarted_agent_has_its_registrations_and_replica_before_it_talks_to_a_peer() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &["--lease-ttl", "20s"]);
     let b = Agent::start(
@@ -80,7 +80,7 @@ pub(super) fn a_restarted_agent_has_its_registrations_and_replica_before_it_talk
 }
 
 #[test]
-pub(super) fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() {
+fn a_dead_agents_registration_disappears_within_the_lease_plus_a_gossip_round() {
     let root = tempfile::tempdir().unwrap();
     let (a, b, c) = cluster(root.path());
     assert!(c
@@ -125,7 +125,7 @@ pub(super) fn a_dead_agents_registration_disappears_within_the_lease_plus_a_goss
 }
 
 #[test]
-pub(super) fn a_gracefully_restarted_agent_shows_its_peers_no_change() {
+fn a_gracefully_restarted_agent_shows_its_peers_no_change() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
@@ -163,7 +163,7 @@ pub(super) fn a_gracefully_restarted_agent_shows_its_peers_no_change() {
 }
 
 #[test]
-pub(super) fn a_watch_on_an_agent_that_restarts_goes_on_without_repeating_or_missing_a_change() {
+fn a_watch_on_an_agent_that_restarts_goes_on_without_repeating_or_missing_a_change() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
@@ -214,7 +214,7 @@ pub(super) fn a_watch_on_an_agent_that_restarts_goes_on_without_repeating_or_mis
 }
 
 #[test]
-pub(super) fn roster_leave_removes_an_agents_registrations_everywhere_at_once_and_stops_it() {
+fn roster_leave_removes_an_agents_registrations_everywhere_at_once_and_stops_it() {
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let mut b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
@@ -271,7 +271,7 @@ pub(super) fn roster_leave_removes_an_agents_registrations_everywhere_at_once_an
 }
 
 #[test]
-pub(super) fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
+fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let d = dir.to_str().unwrap();
@@ -284,7 +284,7 @@ pub(super) fn a_start_refused_for_its_flags_is_not_counted_as_a_launch() {
 }
 
 #[test]
-pub(super) fn the_crash_loop_guard_trips_after_too_many_launches_and_clears_after_staying_up() {
+fn the_crash_loop_guard_trips_after_too_many_launches_and_clears_after_staying_up() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     for launch in 1..=3 {
@@ -315,7 +315,7 @@ pub(super) fn the_crash_loop_guard_trips_after_too_many_launches_and_clears_afte
 }
 
 #[test]
-pub(super) fn a_restarted_agent_honours_the_dial_backoff_of_the_process_before_it() {
+fn a_restarted_agent_honours_the_dial_backoff_of_the_process_before_it() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let dead = std::net::TcpListener::bind("127.0.0.1:0")

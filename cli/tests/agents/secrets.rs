@@ -20,14 +20,14 @@ pub(super) const STRONG_SECRET: &str = "q8Vw0yU3kq2m9Hc7r1XfLZb0pQe5T4nJ6sYdGa2u
 /// protocol's hello without holding any secret (it says it asks for none), then claims
 /// success for everything: a forged proof, instances whose fields carry newlines and
 /// escape sequences, a watch that forges a `down` line. It notes what each client sent.
-pub(super) struct FakeAgent {
+struct FakeAgent {
     url: String,
     received: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     addr: std::net::SocketAddr,
 }
 
-pub(super) const EVIL: &str = "a\n\u{1b}[31mdown  web  web-2  10.6.6.6:80\u{1b}[0m";
+const EVIL: &str = "a\n\u{1b}[31mdown  web  web-2  10.6.6.6:80\u{1b}[0m";
 
 impl FakeAgent {
     fn start() -> FakeAgent {
@@ -156,7 +156,7 @@ impl Drop for FakeAgent {
 }
 
 /// Runs `roster` with `args`, killing it (by pid) if it has not exited within `limit`.
-pub(super) fn roster_within(args: &[&str], limit: Duration) -> Output {
+fn roster_within(args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
         .env_remove("ROSTER_AGENT")
@@ -174,7 +174,7 @@ pub(super) fn roster_within(args: &[&str], limit: Duration) -> Output {
 }
 
 #[test]
-pub(super) fn a_cli_holding_the_secret_refuses_an_agent_that_cannot_prove_it() {
+fn a_cli_holding_the_secret_refuses_an_agent_that_cannot_prove_it() {
     let root = tempfile::tempdir().unwrap();
     let secret = secret_file(root.path(), "secret", STRONG_SECRET);
     let secret = secret.to_str().unwrap();
@@ -221,7 +221,7 @@ pub(super) fn a_cli_holding_the_secret_refuses_an_agent_that_cannot_prove_it() {
 }
 
 #[test]
-pub(super) fn text_output_escapes_what_an_agent_sent() {
+fn text_output_escapes_what_an_agent_sent() {
     let fake = FakeAgent::start();
     let forged =
         |stdout: &str| stdout.contains('\u{1b}') || stdout.lines().any(|l| l.starts_with("down  web  web-2"));
@@ -260,7 +260,7 @@ pub(super) fn text_output_escapes_what_an_agent_sent() {
 }
 
 #[test]
-pub(super) fn a_secret_file_others_can_read_is_refused_with_the_chmod_to_run() {
+fn a_secret_file_others_can_read_is_refused_with_the_chmod_to_run() {
     use std::os::unix::fs::PermissionsExt;
     let root = tempfile::tempdir().unwrap();
     let path = secret_file(root.path(), "secret", STRONG_SECRET);
@@ -297,7 +297,7 @@ pub(super) fn a_secret_file_others_can_read_is_refused_with_the_chmod_to_run() {
 }
 
 #[test]
-pub(super) fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
+fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
     let root = tempfile::tempdir().unwrap();
     let warnings = |name: &str, secret: &str| -> String {
         let path = secret_file(root.path(), &format!("{name}.secret"), secret);
@@ -331,7 +331,7 @@ pub(super) fn an_agent_with_a_short_or_repetitive_secret_warns_at_start() {
 
 /// Keeps `n` client connections from `from` to `port` open that never say a word after the
 /// upgrade, opening a new one as each is cut or refused, until `stop` is set.
-pub(super) fn unauthenticated_clients(
+fn unauthenticated_clients(
     from: &'static str,
     port: u16,
     n: usize,
@@ -376,7 +376,7 @@ pub(super) fn unauthenticated_clients(
 /// slots, shutting out the local CLI and a peer, and made 3,900 WARN lines in 14 s. Now an
 /// address holds a few such connections at most, and its refusals make a line a minute.
 #[test]
-pub(super) fn unauthenticated_connections_from_one_address_leave_room_for_the_cli_and_peers_and_log_little() {
+fn unauthenticated_connections_from_one_address_leave_room_for_the_cli_and_peers_and_log_little() {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let a = Agent::start(&root.join("a"), "a", &[]);

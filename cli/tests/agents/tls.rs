@@ -5,7 +5,7 @@ use super::*;
 
 /// A test certificate authority, and certificates it signs for 127.0.0.1, written as PEM
 /// files in a directory.
-pub(super) struct TestCa {
+struct TestCa {
     dir: PathBuf,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
     ca: PathBuf,
@@ -90,12 +90,12 @@ pub(super) fn path_str(p: &Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
-pub(super) fn strs(v: &[String]) -> Vec<&str> {
+fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
 #[test]
-pub(super) fn two_agents_with_mutual_tls_converge_over_wss_and_the_cli_reads_with_the_ca() {
+fn two_agents_with_mutual_tls_converge_over_wss_and_the_cli_reads_with_the_ca() {
     let root = tempfile::tempdir().unwrap();
     let ca = TestCa::new(root.path(), "cluster");
     let secret = secret_file(root.path(), "secret", STRONG_SECRET);
@@ -172,7 +172,7 @@ pub(super) fn two_agents_with_mutual_tls_converge_over_wss_and_the_cli_reads_wit
 }
 
 #[test]
-pub(super) fn a_peer_without_a_client_certificate_or_with_one_of_another_ca_is_refused() {
+fn a_peer_without_a_client_certificate_or_with_one_of_another_ca_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let ca = TestCa::new(root.path(), "cluster");
     let other = TestCa::new(root.path(), "other");
@@ -220,7 +220,7 @@ pub(super) fn a_peer_without_a_client_certificate_or_with_one_of_another_ca_is_r
 
 /// Dials `url` over TLS trusting `ca`, shows no client certificate, asks for the peer
 /// protocol, and returns the reason of the close frame that answers.
-pub(super) fn peer_without_certificate(url: &str, ca: &Path) -> String {
+fn peer_without_certificate(url: &str, ca: &Path) -> String {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
     use tokio_tungstenite::tungstenite::Message;
@@ -279,7 +279,7 @@ pub(super) fn agent_start_output(args: &[&str], envs: &[(&str, &str)]) -> (Strin
 }
 
 #[test]
-pub(super) fn tls_flags_come_all_three_or_none_and_a_bad_file_exits_2_changing_nothing() {
+fn tls_flags_come_all_three_or_none_and_a_bad_file_exits_2_changing_nothing() {
     let root = tempfile::tempdir().unwrap();
     let ca = TestCa::new(root.path(), "cluster");
     let (cert, key) = ca.issue("a");
@@ -333,7 +333,7 @@ pub(super) fn tls_flags_come_all_three_or_none_and_a_bad_file_exits_2_changing_n
 }
 
 #[test]
-pub(super) fn an_agent_with_a_secret_and_no_tls_beyond_loopback_warns_that_messages_are_not_protected() {
+fn an_agent_with_a_secret_and_no_tls_beyond_loopback_warns_that_messages_are_not_protected() {
     let root = tempfile::tempdir().unwrap();
     let secret = path_str(&secret_file(root.path(), "secret", STRONG_SECRET));
     let ca = TestCa::new(root.path(), "cluster");
@@ -375,7 +375,7 @@ pub(super) fn an_agent_with_a_secret_and_no_tls_beyond_loopback_warns_that_messa
 }
 
 /// This host's address on its way out (not loopback), if it has one.
-pub(super) fn outside_address() -> Option<std::net::IpAddr> {
+fn outside_address() -> Option<std::net::IpAddr> {
     let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
     socket.connect("198.51.100.1:9").ok()?;
     let ip = socket.local_addr().ok()?.ip();
@@ -383,7 +383,7 @@ pub(super) fn outside_address() -> Option<std::net::IpAddr> {
 }
 
 #[test]
-pub(super) fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
+fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
     let ip = outside_address().expect("this test needs an address other than loopback");
     let root = tempfile::tempdir().unwrap();
     let ca = TestCa::new(root.path(), "cluster");
