@@ -30,6 +30,9 @@ mod registry_restart;
 /// The replication protocol in the deterministic simulator: many nodes, faults, then healing.
 mod transport_sim;
 
+/// Pushes and acknowledgements in the simulator.
+mod transport_pushes;
+
 /// Two nodes driven message by message: acknowledgements across a peer's connections,
 /// and dialing a peer again after losing it.
 mod transport_pair;
@@ -42,6 +45,9 @@ mod transport_loopback;
 
 /// Large messages between real nodes: chunked states, and chunks that break the rules.
 mod transport_chunks;
+
+/// Real nodes over TLS.
+mod transport_tls;
 
 /// A hostile peer with the secret sends poisoned deltas; the cluster keeps every live
 /// owner's registrations.
