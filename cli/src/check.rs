@@ -40,7 +40,7 @@ pub enum Probe {
     /// does a command still running at the timeout (it is killed). Only on an agent started
     /// with `--enable-exec-checks`.
     Exec(Vec<String>),
-    /// The service itself says it is alive (`roster pass`, [`crate::Registration::pass`])
+    /// The service itself says it is alive (`roster pass`, [`crate::Node::pass`])
     /// at least once per interval; a pass moves a deadline on the owning node only.
     Ttl,
 }

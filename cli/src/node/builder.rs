@@ -55,7 +55,7 @@ fn secret_weakness(bytes: &[u8]) -> Option<String> {
     })
 }
 
-/// How to start a [`Node`].
+/// How to start a [`Node`](crate::Node).
 #[derive(Debug, Clone)]
 pub struct NodeBuilder {
     listen: String,
@@ -109,7 +109,7 @@ impl Default for NodeBuilder {
 
 impl NodeBuilder {
     /// The address to listen on for peers (and clients). Default `127.0.0.1:0`: a free
-    /// loopback port ([`Node::url`] says which), so an embedded node never takes the port
+    /// loopback port ([`Node::url`](crate::Node::url) says which), so an embedded node never takes the port
     /// of an agent on the same host ([`crate::DEFAULT_LISTEN`]).
     #[must_use]
     pub fn listen(mut self, addr: impl Into<String>) -> Self {

@@ -60,7 +60,8 @@ impl Service {
     }
 
     /// Ends the registration after `ttl` unless it is registered again (default: never);
-    /// from [`MIN_REGISTRATION_TTL`] (1 s) to [`MAX_REGISTRATION_TTL`] (24 h).
+    /// from [`MIN_REGISTRATION_TTL`](crate::MIN_REGISTRATION_TTL) (1 s) to
+    /// [`MAX_REGISTRATION_TTL`](crate::MAX_REGISTRATION_TTL) (24 h).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);

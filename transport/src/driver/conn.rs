@@ -53,11 +53,11 @@ use session::run;
 /// The WebSocket subprotocol roster peers speak; the server echoes it.
 pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The application's own protocol, served on the node's listener beside the peers'
-/// ([`SUBPROTOCOL`]): a connection that asks for `name` is upgraded and handed to `conns`.
+/// (`roster.v1`): a connection that asks for `name` is upgraded and handed to `conns`.
 /// The transport knows nothing else of it (the agent's client protocol lives in `cli/`).
 #[derive(Debug, Clone)]
 pub struct ClientProtocol {
-    /// The WebSocket subprotocol clients ask for; not [`SUBPROTOCOL`].
+    /// The WebSocket subprotocol clients ask for; not the peers' `roster.v1`.
     pub name: &'static str,
     /// Where its connections go after the upgrade.
     pub conns: mpsc::Sender<ClientConn>,

@@ -73,7 +73,7 @@ pub enum ProtocolError {
     /// A message arrived on a connection the node does not know.
     #[error("message on unknown connection {0}")]
     UnknownConnection(ConnId),
-    /// A state it carried was refused by [`Replica::admit`]: it would have retired a live
+    /// A state it carried was refused by [`Replica::admit`](roster_registry::Replica::admit): it would have retired a live
     /// node, planted a forged or runaway counter, or a time too far ahead. Not joined, not
     /// acknowledged; the connection is closed unless the refusal is transient.
     #[error("refused a state from the peer: {0}")]
@@ -120,7 +120,7 @@ pub struct Counters {
     pub full_syncs_received: u64,
     /// Messages refused (the connection was closed).
     pub refused: u64,
-    /// States (deltas, full states) refused by [`Replica::admit`], closed or not.
+    /// States (deltas, full states) refused by [`Replica::admit`](roster_registry::Replica::admit), closed or not.
     pub states_refused: u64,
     /// Times a peer claimed dots forged under our id and we shipped the truth about them.
     pub forgeries_refuted: u64,
