@@ -37,6 +37,10 @@ mod transport_pushes;
 /// and dialing a peer again after losing it.
 mod transport_pair;
 
+/// One node driven by hand: which peer a free slot goes to, and how long a hanging dial
+/// holds it.
+mod transport_redial;
+
 /// Lost nodes written dead within seconds; quick restarts never shown gone; refutation.
 mod transport_liveness;
 

@@ -28,6 +28,11 @@ pub struct Config {
     pub ack_delay_ms: u64,
     /// The most outbound connections.
     pub max_outbound: usize,
+    /// How long a dial holds its outbound slot: one that has not connected by then (a
+    /// handshake hanging across a silent partition) no longer keeps another peer from
+    /// being dialed, up to twice `max_outbound` dials at once. 0: a dial holds its slot
+    /// until it ends.
+    pub dial_slot_ms: u64,
     /// The most inbound connections.
     pub max_inbound: usize,
     /// How often one outbound connection is swapped for another (jittered ±25%); 0 never.
@@ -84,6 +89,7 @@ impl Default for Config {
             push_burst: 20,
             ack_delay_ms: 20,
             max_outbound: 2,
+            dial_slot_ms: 1_000,
             max_inbound: 64,
             rotate_interval_ms: 300_000,
             buffer_capacity: 1_024,

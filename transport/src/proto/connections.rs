@@ -15,7 +15,7 @@ impl Node {
         if !self.cfg.dial || self.stopping || (self.guarded && now.mono_ms < self.guard_dial_at) {
             return;
         }
-        let room = self.outbound_room();
+        let room = self.outbound_room(now);
         if room == 0 {
             return;
         }
@@ -31,7 +31,7 @@ impl Node {
             BTreeSet::new()
         };
         let candidates = self.dial_candidates(members, &connected, now);
-        let room = self.dial_peers(candidates, room);
+        let room = self.dial_peers(candidates, room, now);
         // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
         // also dials each seed it has not reached and at which no node it knows stands:
         // nodes started together can join as two groups, each having reached only its own
@@ -43,16 +43,29 @@ impl Node {
         }
     }
 
-    /// How many more outbound connections may be dialed: the cap less those open or being
-    /// dialed.
-    fn outbound_room(&self) -> usize {
-        let outbound = self.conns.values().filter(|c| c.outbound).count()
-            + self.peers.values().filter(|p| p.dialing).count()
-            + self.seeds.values().filter(|s| s.dialing).count();
+    /// How many more outbound connections may be dialed: the cap less those open and the
+    /// dials that still hold a slot (see `Config::dial_slot_ms`), and never more than
+    /// twice the cap in flight.
+    fn outbound_room(&self, now: Now) -> usize {
+        let open = self.conns.values().filter(|c| c.outbound).count();
+        let dials: Vec<u64> = self
+            .peers
+            .values()
+            .filter_map(|p| p.dialing)
+            .chain(self.seeds.values().filter_map(|s| s.dialing))
+            .collect();
         // Under the crash-loop guard, one connection is enough to keep what it owns alive
-        // and to receive deltas.
-        let max = if self.guarded { 1 } else { self.cfg.max_outbound };
-        max.saturating_sub(outbound)
+        // and to receive deltas, and a slow dial keeps its slot.
+        if self.guarded {
+            return 1usize.saturating_sub(open + dials.len());
+        }
+        let slot = self.cfg.dial_slot_ms;
+        let holding = dials
+            .iter()
+            .filter(|&&at| slot == 0 || now.mono_ms < at.saturating_add(slot))
+            .count();
+        let max = self.cfg.max_outbound;
+        (max.saturating_sub(open + holding)).min((2 * max).saturating_sub(open + dials.len()))
     }
 
     /// The URLs of every live member and of every peer we know or knew (where it is dialed,
@@ -102,28 +115,32 @@ impl Node {
             .filter(|(id, _, _)| {
                 self.peers
                     .get(id)
-                    .is_none_or(|p| !p.dialing && p.backoff.ready(now.mono_ms))
+                    .is_none_or(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms))
             })
             .map(|(id, url, _)| (id, url))
             .collect();
         candidates.sort();
         candidates.dedup_by_key(|(id, _)| *id);
-        // Peers whose last attempts failed (a link that just died in a silent partition, a
-        // dial that timed out) come last: after a cut, a slot goes first to a peer on this
-        // side, not to one that will hold it for a handshake timeout.
-        let failures = |id: &ReplicaId| self.peers.get(id).map_or(0, |p| p.backoff.failures);
-        if let Some(fewest) = candidates.iter().map(|(id, _)| failures(id)).min() {
-            candidates.retain(|(id, _)| failures(id) == fewest);
+        // The peers that failed longest ago go first, those that never failed (or have
+        // been healthy since) before all: after a cut, the links across it die of silence
+        // together, so a slot goes to a peer on this side, not to one that will hold it
+        // for a handshake timeout. Counting failures instead misled: a peer on this side
+        // whose connections a lossy spell had reset a few times came after the peers that
+        // had just died of silence once (a Jepsen run, seed 398904396: a write waited over
+        // 10 s to reach a node of its side).
+        let failed_at = |id: &ReplicaId| self.peers.get(id).and_then(|p| p.failed_at);
+        if let Some(first) = candidates.iter().map(|(id, _)| failed_at(id)).min() {
+            candidates.retain(|(id, _)| failed_at(id) == first);
         }
         candidates
     }
 
     /// Dials up to `room` of `candidates`, drawn at random; returns the room left.
-    fn dial_peers(&mut self, mut candidates: Vec<(ReplicaId, String)>, mut room: usize) -> usize {
+    fn dial_peers(&mut self, mut candidates: Vec<(ReplicaId, String)>, mut room: usize, now: Now) -> usize {
         while room > 0 && !candidates.is_empty() {
             let i = self.rng.random_range(0..candidates.len());
             let (id, url) = candidates.swap_remove(i);
-            self.peers.entry(id).or_default().dialing = true;
+            self.peers.entry(id).or_default().dialing = Some(now.mono_ms);
             self.counters.dials += 1;
             self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
             room -= 1;
@@ -138,7 +155,7 @@ impl Node {
         let mut ready: Vec<String> = self
             .seeds
             .iter()
-            .filter(|(_, s)| !s.dialing && s.backoff.ready(now.mono_ms))
+            .filter(|(_, s)| s.dialing.is_none() && s.backoff.ready(now.mono_ms))
             .map(|(u, _)| u.clone())
             .filter(|u| {
                 alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
@@ -148,7 +165,7 @@ impl Node {
             room -= 1;
             let url = ready.swap_remove(self.rng.random_range(0..ready.len()));
             if let Some(s) = self.seeds.get_mut(&url) {
-                s.dialing = true;
+                s.dialing = Some(now.mono_ms);
             }
             self.counters.dials += 1;
             self.outputs.push_back(Output::Dial(DialTarget::Seed { url }));
@@ -183,7 +200,7 @@ impl Node {
             .filter(|(id, _)| {
                 self.peers
                     .get(id)
-                    .is_some_and(|p| !p.dialing && p.backoff.ready(now.mono_ms))
+                    .is_some_and(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms))
             })
             .collect();
         if lost.is_empty() {
@@ -191,7 +208,7 @@ impl Node {
         }
         let (id, url) = lost[self.rng.random_range(0..lost.len())].clone();
         if let Some(p) = self.peers.get_mut(&id) {
-            p.dialing = true;
+            p.dialing = Some(now.mono_ms);
         }
         self.counters.dials += 1;
         self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
@@ -306,16 +323,16 @@ impl Node {
         match target {
             DialTarget::Peer { id, .. } => {
                 let p = self.peers.entry(*id).or_default();
-                p.dialing = false;
+                p.dialing = None;
                 p.clock_refused = failure == Failure::Clock;
                 if self.guarded {
                     p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
                 }
-                p.backoff.fail(&policy, failure, now.mono_ms, draw);
+                p.fail(&policy, failure, now.mono_ms, draw);
             }
             DialTarget::Seed { url } => {
                 if let Some(s) = self.seeds.get_mut(url) {
-                    s.dialing = false;
+                    s.dialing = None;
                     s.clock_refused = failure == Failure::Clock;
                     if self.guarded {
                         s.backoff.failures = s.backoff.failures.max(GUARDED_FAILURES);
@@ -342,13 +359,13 @@ impl Node {
         let now = self.time.input(now.into());
         if let Some(url) = seed {
             if let Some(s) = self.seeds.get_mut(url) {
-                s.dialing = false;
+                s.dialing = None;
                 s.clock_refused = false;
             }
             self.seeds_reached.insert(url.to_string());
         }
         if let Some(p) = self.peers.get_mut(&peer.id) {
-            p.dialing = false;
+            p.dialing = None;
             p.clock_refused = false;
         }
         let inbound = self.conns.values().filter(|c| !c.outbound).count();
@@ -424,7 +441,7 @@ impl Node {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
             let p = self.peers.entry(peer).or_default();
-            p.backoff.fail(&policy, Failure::Network, now.mono_ms, draw);
+            p.fail(&policy, Failure::Network, now.mono_ms, draw);
         }
     }
 
@@ -445,12 +462,9 @@ impl Node {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
             let p = self.peers.entry(c.peer).or_default();
-            p.backoff.closed(
-                &policy,
-                now.mono_ms.saturating_sub(c.opened_at),
-                now.mono_ms,
-                draw,
-            );
+            let lived_ms = now.mono_ms.saturating_sub(c.opened_at);
+            p.failed_at = (lived_ms < policy.healthy_after_ms).then_some(now.mono_ms);
+            p.backoff.closed(&policy, lived_ms, now.mono_ms, draw);
         }
     }
 }

@@ -191,7 +191,7 @@ impl Node {
         let policy = self.cfg.backoff;
         let full = Failure::RetryAfter(policy.cap_ms);
         let p = self.peers.entry(peer).or_default();
-        p.backoff.fail(&policy, full, now.mono_ms, draw);
+        p.fail(&policy, full, now.mono_ms, draw);
         // Dialed as a seed: that address waits too, so we try the others first.
         let seed = self.conns.get(&conn).and_then(|c| c.seed.clone());
         if let Some(s) = seed.and_then(|u| self.seeds.get_mut(&u)) {

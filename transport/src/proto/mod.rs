@@ -27,7 +27,7 @@ use roster_registry::{
     Bounds, CausalContext, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Replica, ReplicaId, ServiceName,
 };
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, BackoffPolicy, Failure};
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Message};
 
@@ -115,7 +115,8 @@ struct Peer {
     digest: Option<Box<CausalContext>>,
     /// Its dial backoff, in monotonic time (saved in wall time).
     backoff: Backoff,
-    dialing: bool,
+    /// When its dial in flight started (monotonic ms), if one is.
+    dialing: Option<u64>,
     /// Its URL, kept after it stops being a live member, to try it again later (a
     /// partition that outlived its lease must still heal).
     url: Option<String>,
@@ -136,6 +137,19 @@ struct Peer {
     last_seen_ms: u64,
     /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).
     clock_refused: bool,
+    /// When its last failure was (a dial, a connection cut short, a link dead of silence;
+    /// monotonic ms), in this process; `None` once a connection to it lived long enough
+    /// to count as healthy. Free slots go to the peers that failed longest ago first.
+    failed_at: Option<u64>,
+}
+
+impl Peer {
+    /// Records a failure: its backoff grows, and it goes behind the peers that failed
+    /// longer ago. Returns the delay before it may be dialed again.
+    fn fail(&mut self, policy: &BackoffPolicy, failure: Failure, now_ms: u64, draw: u64) -> u64 {
+        self.failed_at = Some(now_ms);
+        self.backoff.fail(policy, failure, now_ms, draw)
+    }
 }
 
 /// A seed URL and how it is dialed.
@@ -143,7 +157,8 @@ struct Peer {
 struct Seed {
     /// Its dial backoff, in monotonic time (saved in wall time).
     backoff: Backoff,
-    dialing: bool,
+    /// When its dial in flight started (monotonic ms), if one is.
+    dialing: Option<u64>,
     /// Its last dial was refused for clock skew: a clock set right by the restart that
     /// follows must not wait out a backoff earned by the wrong one, so the next process
     /// may dial it at once (`Node::memory`).
