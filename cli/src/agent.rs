@@ -91,7 +91,22 @@ pub struct AgentArgs {
     /// run commands as this agent's user, so they are off unless asked.
     #[arg(long)]
     enable_exec_checks: bool,
+    /// Where the HTTP/JSON API listens, or `off` [default: 127.0.0.1:7421]. Beyond loopback
+    /// it needs --http-token-file.
+    #[arg(long, value_name = "ADDR", env = "ROSTER_HTTP_LISTEN")]
+    http_listen: Option<String>,
+    /// A file of bearer tokens (one per line, mode 600) that HTTP clients not on loopback
+    /// must show; read again when it changes, so tokens rotate without a restart.
+    #[arg(long, value_name = "FILE", env = "ROSTER_HTTP_TOKEN_FILE")]
+    http_token_file: Option<PathBuf>,
+    /// Ask HTTP clients on loopback for a token too (a loopback shared with others: the
+    /// containers of one pod).
+    #[arg(long)]
+    http_require_token: bool,
 }
+
+/// Where the HTTP API listens unless told.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7421";
 
 /// `--crash-guard`: `N/DUR` or `off`.
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +155,9 @@ struct FileConfig {
     tls_ca: Option<PathBuf>,
     leave_on_terminate: Option<bool>,
     enable_exec_checks: Option<bool>,
+    http_listen: Option<String>,
+    http_token_file: Option<PathBuf>,
+    http_require_token: Option<bool>,
 }
 
 /// The largest config file read.
@@ -323,15 +341,29 @@ pub fn identity(data_dir: Option<PathBuf>, json: bool) -> Result<(), Fail> {
 /// `--leave-on-terminate`); or until a client asks it to leave (`roster leave`).
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let settings = Settings::of(args)?;
+    let http = settings.http().await?;
     let node = settings.builder()?.start().await.map_err(start_failed)?;
-    settings.announce(&node);
-    tokio::select! {
-        () = wait_for_signal() => {}
-        () = node.closed() => {
-            // A client asked it to leave; the node has left and saved.
-            println!("left the cluster");
-            return Ok(());
-        }
+    let stop_http = tokio_util::sync::CancellationToken::new();
+    let http = http.map(|(listener, tokens)| {
+        let addr = listener.local_addr().ok();
+        (
+            addr,
+            crate::http::spawn(node.clone(), listener, tokens, stop_http.clone()),
+        )
+    });
+    settings.announce(&node, http.as_ref().and_then(|(a, _)| *a));
+    let left = tokio::select! {
+        () = wait_for_signal() => false,
+        () = node.closed() => true,
+    };
+    stop_http.cancel();
+    if let Some((_, server)) = http {
+        let _ = server.await;
+    }
+    if left {
+        // A client asked it to leave; the node has left and saved.
+        println!("left the cluster");
+        return Ok(());
     }
     let closed = if settings.leave_on_terminate {
         tracing::info!("leaving the cluster (--leave-on-terminate)");
@@ -364,6 +396,10 @@ struct Settings {
     reset_identity: bool,
     exec_checks: bool,
     leave_on_terminate: bool,
+    /// `None`: off.
+    http_listen: Option<String>,
+    http_token_file: Option<PathBuf>,
+    http_require_token: bool,
 }
 
 impl Settings {
@@ -425,7 +461,50 @@ impl Settings {
             reset_identity: args.reset_identity,
             exec_checks: args.enable_exec_checks || file.enable_exec_checks.unwrap_or(false),
             leave_on_terminate: args.leave_on_terminate || file.leave_on_terminate.unwrap_or(false),
+            http_listen: match args.http_listen.or(file.http_listen) {
+                Some(a) if a.trim() == "off" => None,
+                Some(a) => Some(a),
+                None => Some(DEFAULT_HTTP_LISTEN.to_string()),
+            },
+            http_token_file: args.http_token_file.or(file.http_token_file),
+            http_require_token: args.http_require_token || file.http_require_token.unwrap_or(false),
         })
+    }
+
+    /// The HTTP API's listener, bound before the node starts, and its tokens; `None` when
+    /// it is off. Beyond loopback, a token file is required.
+    async fn http(&self) -> Result<Option<(tokio::net::TcpListener, crate::http::Access)>, Fail> {
+        let Some(addr) = &self.http_listen else {
+            if self.http_token_file.is_some() || self.http_require_token {
+                return Err(Fail::usage(
+                    "--http-token-file and --http-require-token go with the HTTP API; drop them, or drop `--http-listen off`",
+                ));
+            }
+            return Ok(None);
+        };
+        let tokens = match &self.http_token_file {
+            Some(p) => Some(crate::http::Tokens::load(p).map_err(Fail::usage)?),
+            None if self.http_require_token => {
+                return Err(Fail::usage(
+                    "--http-require-token needs --http-token-file FILE (the tokens to require)",
+                ))
+            }
+            None => None,
+        };
+        let listener = crate::http::bind(addr).await.map_err(Fail::usage)?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Fail::failed(format!("the HTTP listener has no address: {e}")))?;
+        if tokens.is_none() && !local.ip().is_loopback() {
+            return Err(Fail::usage(format!(
+                "--http-listen {addr} is beyond loopback: give --http-token-file FILE so clients there can authenticate, or listen on 127.0.0.1"
+            )));
+        }
+        let access = crate::http::Access {
+            tokens,
+            loopback_needs_token: self.http_require_token,
+        };
+        Ok(Some((listener, access)))
     }
 
     /// The node these settings describe (reading the secret file).
@@ -475,7 +554,7 @@ impl Settings {
     }
 
     /// Prints who the agent is, where it listens and whom it joins.
-    fn announce(&self, node: &roster::Node) {
+    fn announce(&self, node: &roster::Node, http: Option<std::net::SocketAddr>) {
         println!(
             "roster agent {}: node {} ({}), pid {}",
             env!("CARGO_PKG_VERSION"),
@@ -487,6 +566,10 @@ impl Settings {
         println!("listening on {scheme}://{}", node.local_addr());
         if node.url() != format!("{scheme}://{}", node.local_addr()) {
             println!("advertising {}", node.url());
+        }
+        match http {
+            Some(a) => println!("HTTP API on http://{a}"),
+            None => println!("HTTP API off"),
         }
         println!("data in {}", self.data_dir.display());
         if self.join.is_empty() {

@@ -7,6 +7,7 @@ mod agent;
 mod bulk_file;
 mod check_args;
 mod commands;
+mod http;
 mod output;
 mod watch;
 

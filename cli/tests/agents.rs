@@ -30,6 +30,9 @@ mod crash;
 /// The data directory under trouble.
 #[path = "agents/disk.rs"]
 mod disk;
+/// The HTTP API with curl, Python and raw sockets.
+#[path = "agents/http.rs"]
+mod http;
 /// Restarts and departures.
 #[path = "agents/restarts.rs"]
 mod restarts;
@@ -69,6 +72,8 @@ impl Agent {
     /// As [`Agent::start_on`], its log (stderr) written to `log` when given.
     fn start_with_log(dir: &Path, name: &str, listen: &str, extra: &[&str], log: Option<&Path>) -> Agent {
         let mut cmd = Command::new(BIN);
+        // Agents of parallel tests share loopback: none takes the HTTP API's default port.
+        cmd.env("ROSTER_HTTP_LISTEN", "127.0.0.1:0");
         cmd.args([
             "agent",
             "--listen",
@@ -208,6 +213,7 @@ struct Watcher {
 impl Watcher {
     fn start(agent: &Agent, service: &str) -> Watcher {
         let mut child = Command::new(BIN)
+            .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
             .args(["watch", service, "--json", "--agent", &agent.url])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -253,6 +259,7 @@ impl Drop for Watcher {
 
 fn roster(args: &[&str]) -> Output {
     Command::new(BIN)
+        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .args(args)
         .env_remove("ROSTER_AGENT")
         .env_remove("ROSTER_CLUSTER_SECRET_FILE")

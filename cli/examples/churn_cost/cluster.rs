@@ -41,6 +41,7 @@ impl Drop for Agent {
 impl Agent {
     fn start(bin: &Path, dir: &Path, name: &str, join: Option<&str>) -> Result<Agent, Error> {
         let mut cmd = Command::new(bin);
+        cmd.env("ROSTER_HTTP_LISTEN", "127.0.0.1:0");
         cmd.args(["agent", "--listen", "127.0.0.1:0", "--node-name", name])
             .args(["--crash-guard", "off", "--data-dir"])
             .arg(dir.join(name));

@@ -123,7 +123,8 @@ impl Instance {
             == (&other.address, &other.meta, other.status, &other.note)
     }
 
-    pub(crate) fn view(&self) -> InstanceView {
+    /// As the client protocol (and `roster get --json`) shows it.
+    pub fn view(&self) -> InstanceView {
         InstanceView {
             service: self.service.clone(),
             instance: self.id.clone(),
@@ -176,7 +177,8 @@ pub struct Member {
 }
 
 impl Member {
-    pub(crate) fn view(&self) -> MemberView {
+    /// As the client protocol (and `roster members --json`) shows it.
+    pub fn view(&self) -> MemberView {
         MemberView {
             node: self.node.clone(),
             name: self.name.clone(),

@@ -197,6 +197,7 @@ fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     // ROSTER_AGENT is the flag's variable.
     let out = Command::new(BIN)
+        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .args(["ls"])
         .env("ROSTER_AGENT", &url)
         .output()
@@ -219,6 +220,8 @@ fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
     .unwrap();
     let start = |env: &[(&str, &str)], args: &[&str]| {
         let mut cmd = Command::new(BIN);
+        // Agents of parallel tests share loopback: none takes the HTTP API's default port.
+        cmd.env("ROSTER_HTTP_LISTEN", "127.0.0.1:0");
         cmd.arg("agent").args(args).arg("--config").arg(&cfg);
         for (k, v) in env {
             cmd.env(k, v);

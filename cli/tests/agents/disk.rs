@@ -40,6 +40,7 @@ fn a_data_dir_in_use_or_corrupt_is_refused_with_the_way_out() {
 /// it was still running after `limit` (then it is killed by its pid).
 fn agent_refusal(dir: &Path, limit: Duration) -> Option<Output> {
     let mut child = Command::new(BIN)
+        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .args(["agent", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env_remove("ROSTER_AGENT")

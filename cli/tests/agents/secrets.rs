@@ -158,6 +158,7 @@ impl Drop for FakeAgent {
 /// Runs `roster` with `args`, killing it (by pid) if it has not exited within `limit`.
 fn roster_within(args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(BIN)
+        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .args(args)
         .env_remove("ROSTER_AGENT")
         .env_remove("ROSTER_CLUSTER_SECRET_FILE")

@@ -252,6 +252,7 @@ fn peer_without_certificate(url: &str, ca: &Path) -> String {
 /// returns that line (empty if none), its exit code if it exited, and its stderr.
 pub(super) fn agent_start_output(args: &[&str], envs: &[(&str, &str)]) -> (String, Option<i32>, String) {
     let mut child = Command::new(BIN)
+        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .arg("agent")
         .args(args)
         .envs(envs.iter().copied())

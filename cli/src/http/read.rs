@@ -1,0 +1,118 @@
+//! Reads: from the local replica (no network), shaped as the CLI's `--json` output.
+
+use axum::extract::State;
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::params::{self, Pairs, Params, ServiceQuery};
+use super::{watch, App};
+use crate::output;
+
+/// The header that carries a service's index (see [`index`]).
+pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-roster-index");
+
+/// `GET /v1/services`: every live service and its instance count.
+pub async fn services(State(app): State<App>) -> Json<serde_json::Value> {
+    let list: Vec<serde_json::Value> = app
+        .node
+        .services()
+        .into_iter()
+        .map(|(s, n)| serde_json::json!({ "service": s, "instances": n }))
+        .collect();
+    Json(serde_json::Value::Array(list))
+}
+
+/// `GET /v1/services/{service}`: its instances (filtered), as a list, a blocking query
+/// (`?index=`) or a stream of events (`?watch`).
+pub async fn service(
+    State(app): State<App>,
+    Params(name): Params<String>,
+    Pairs(pairs): Pairs,
+) -> Result<Response, ApiError> {
+    params::service(&name)?;
+    let q = ServiceQuery::parse(pairs)?;
+    if q.watch {
+        return Ok(watch::events(app, name, q).into_response());
+    }
+    if let Some(seen) = q.index {
+        watch::until_changed(&app, &name, &q, seen).await;
+    }
+    Ok(answer(&select(&app.node, &name, &q)))
+}
+
+/// The instances of `service` a query shows, by id.
+pub fn select(node: &roster::Node, service: &str, q: &ServiceQuery) -> Vec<roster::Instance> {
+    let found = if q.wide() {
+        node.lookup_all(service)
+    } else {
+        node.lookup(service)
+    };
+    let mut list: Vec<roster::Instance> = found.into_iter().filter(|i| q.admits(i)).collect();
+    list.sort_by(|a, b| a.id.cmp(&b.id));
+    list
+}
+
+/// The index of a list of instances: a fingerprint of what readers see (ids, addresses,
+/// metadata, status and note; not the lease, which moves with every renewal). It changes
+/// when they change, and every agent that holds the same instances gives the same index,
+/// so a blocking query may go to another agent with the index it has.
+pub fn index(list: &[roster::Instance]) -> u64 {
+    let mut h = Sha256::new();
+    for i in list {
+        for part in [
+            i.id.as_str(),
+            i.address.as_str(),
+            i.status.as_str(),
+            i.note.as_str(),
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        for (k, v) in &i.meta {
+            h.update(k.as_bytes());
+            h.update([1]);
+            h.update(v.as_bytes());
+            h.update([0]);
+        }
+        h.update([2]);
+    }
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
+}
+
+fn answer(list: &[roster::Instance]) -> Response {
+    let body: Vec<serde_json::Value> = list.iter().map(|i| output::instance_json(&i.view())).collect();
+    let mut r = Json(body).into_response();
+    if let Ok(v) = HeaderValue::from_str(&index(list).to_string()) {
+        r.headers_mut().insert(INDEX_HEADER, v);
+    }
+    r
+}
+
+/// `GET /v1/members`: the nodes of the cluster, as this agent sees them.
+pub async fn members(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiError> {
+    let list = app.node.members().await?;
+    let views: Vec<roster::api::MemberView> = list.iter().map(roster::Member::view).collect();
+    Ok(Json(serde_json::to_value(views).unwrap_or_default()))
+}
+
+/// `GET /v1/status`: this agent.
+pub async fn status(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiError> {
+    let s = app.node.status().await?;
+    Ok(Json(serde_json::to_value(s).unwrap_or_default()))
+}
+
+/// `GET /v1/explain/{service}/{instance}`: where a registration came from.
+pub async fn explain(
+    State(app): State<App>,
+    Params((service, instance)): Params<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    params::instance(&service, &instance)?;
+    let x = app.node.explain(&service, &instance).await?;
+    Ok(Json(serde_json::to_value(x).unwrap_or_default()))
+}

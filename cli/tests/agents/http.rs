@@ -1,0 +1,505 @@
+//! The HTTP API with real clients: curl for every endpoint, the reference's examples and
+//! its Python client run as written, watches, bad input and tokens.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use super::*;
+
+/// An agent with its HTTP API on a free loopback port, and the API's base URL.
+fn http_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, String) {
+    let agent = Agent::start(dir, name, &[&["--http-listen", "127.0.0.1:0"], extra].concat());
+    let url = http_url(&agent);
+    (agent, url)
+}
+
+/// The base URL the agent printed at its start.
+fn http_url(agent: &Agent) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = agent
+            .stdout
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the agent printed where its HTTP API listens");
+        if let Some(url) = line.strip_prefix("HTTP API on ") {
+            return url.to_string();
+        }
+    }
+}
+
+/// An HTTP answer: its status, headers (lowercase names) and body.
+struct Reply {
+    code: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The error's kind, asserting the status and that the body is one error object.
+    fn error(&self, code: u16) -> String {
+        assert_eq!(self.code, code, "{}", self.body);
+        let v = self.json();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty() && !message.contains('\n'), "{message}");
+        v["error"]["kind"].as_str().unwrap().to_string()
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// `curl` with `args`; any status is an answer.
+fn curl(args: &[&str]) -> Reply {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-D", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl runs (.ci/run installs it)");
+    assert!(out.status.success(), "curl {args:?}: {}", text(&out.stderr));
+    let all = String::from_utf8(out.stdout).unwrap();
+    let (rest, code) = all.rsplit_once('\n').unwrap();
+    let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
+    Reply {
+        code: code.trim().parse().unwrap(),
+        headers: headers.to_string(),
+        body: body.to_string(),
+    }
+}
+
+fn put(url: &str, body: &str) -> Reply {
+    curl(&[
+        "-X",
+        "PUT",
+        url,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+    ])
+}
+
+/// The instance ids a read shows.
+fn ids(reply: &Reply) -> Vec<String> {
+    assert_eq!(reply.code, 200, "{}", reply.body);
+    reply
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["instance"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "not within 15 s: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The code blocks of `lang` in a Markdown file, in order.
+fn blocks(markdown: &str, lang: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.strip_prefix("```")) {
+            (None, Some(l)) if l.trim() == lang => current = Some(String::new()),
+            (Some(b), Some(_)) => {
+                out.push(std::mem::take(b));
+                current = None;
+            }
+            (Some(b), None) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_http_reference_runs_as_written_against_a_real_agent() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, url) = http_agent(&root.path().join("a"), "a", &[]);
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/http.md")).unwrap();
+    let sh = blocks(&doc, "sh");
+    assert!(sh.len() >= 5, "the reference's sh examples: {sh:?}");
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &sh.join("\n")])
+        .env("ROSTER_HTTP", &url)
+        .output()
+        .unwrap();
+    let printed = text(&out.stdout);
+    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
+    for shown in [
+        "\"instance\":\"web-1\"",
+        "\"zone\":\"eu-1\"",
+        "event: up",
+        "\"changed\":[\"web/web-1\"]",
+    ] {
+        assert!(printed.contains(shown), "{shown} in:\n{printed}");
+    }
+    let py = blocks(&doc, "python");
+    assert_eq!(py.len(), 1);
+    let out = Command::new("python3")
+        .args(["-c", &py[0]])
+        .env("ROSTER_HTTP", &url)
+        .output()
+        .expect("python3 runs (.ci/run installs it)");
+    let printed = text(&out.stdout);
+    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
+    assert!(
+        printed.contains("[('api-1', '10.0.0.9:9000', 'passing')]"),
+        "{printed}"
+    );
+    assert!(printed.contains("refused: 400 invalid:"), "{printed}");
+}
+
+#[test]
+fn a_registration_over_http_reaches_every_agent_and_each_endpoint_answers_json() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, ha) = http_agent(&root.path().join("a"), "a", &[]);
+    let (_b, hb) = http_agent(&root.path().join("b"), "b", &["--join", &a.url]);
+    let web1 = format!("{ha}/v1/services/web/instances/web-1");
+    let r = put(&web1, r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#);
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"service": "web", "instance": "web-1"})
+    );
+    put(
+        &format!("{ha}/v1/services/web/instances/web-2"),
+        r#"{"address": "10.0.0.8:8080"}"#,
+    );
+    eventually("b shows both", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])) == ["web-1", "web-2"]
+    });
+    assert_eq!(
+        ids(&curl(&[&format!("{hb}/v1/services/web?meta=zone:eu-1")])),
+        ["web-1"]
+    );
+    let services = curl(&[&format!("{hb}/v1/services")]).json();
+    assert!(services
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!({"service": "web", "instances": 2})));
+    let members = curl(&[&format!("{hb}/v1/members")]).json();
+    assert_eq!(members.as_array().unwrap().len(), 2, "{members}");
+    assert_eq!(curl(&[&format!("{ha}/v1/status")]).json()["name"], "a");
+    assert_eq!(
+        curl(&[&format!("{ha}/v1/explain/web/web-1")]).json()["live"],
+        true
+    );
+    // Maintenance takes it out of every agent's reads, and puts it back.
+    let maint = format!("{web1}/maintenance");
+    let r = put(&maint, r#"{"reason": "deploying"}"#);
+    assert_eq!(r.json()["changed"], serde_json::json!(["web/web-1"]));
+    eventually("b hides web-1", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])) == ["web-2"]
+    });
+    let hidden = curl(&[&format!("{hb}/v1/services/web?status=maintenance")]).json();
+    assert_eq!(hidden[0]["note"], "deploying");
+    curl(&["-X", "DELETE", &maint]);
+    eventually("b shows web-1 again", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])).len() == 2
+    });
+    // Deregistered: gone everywhere; again, it is not found.
+    let r = curl(&["-X", "DELETE", &web1]);
+    assert_eq!(r.json()["deregistered"], true);
+    eventually("b no longer shows web-1", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])) == ["web-2"]
+    });
+    assert_eq!(curl(&["-X", "DELETE", &web1]).error(404), "not_found");
+    // Not this agent's: it cannot deregister what b does not own.
+    assert_eq!(
+        curl(&["-X", "DELETE", &format!("{hb}/v1/services/web/instances/web-2")]).error(404),
+        "not_found"
+    );
+    assert_eq!(curl(&[&format!("{ha}/v1/nothing")]).error(404), "not_found");
+    assert_eq!(
+        curl(&["-X", "POST", &format!("{ha}/v1/services")]).error(405),
+        "invalid"
+    );
+    // A service nobody registered is an empty list, so a watch or a blocking query may
+    // wait for its first instance.
+    assert!(ids(&curl(&[&format!("{ha}/v1/services/db")])).is_empty());
+}
+
+/// `curl -N` on an event stream, its lines collected.
+struct Stream {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Stream {
+    fn open(url: &str) -> Stream {
+        let mut child = Command::new("curl")
+            .args(["-sN", url])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Stream { child, lines: rx }
+    }
+
+    /// The next event (`event:` and `data:`), skipping comments, within 15 s.
+    fn next(&self) -> (String, Value) {
+        let mut kind = None;
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(15))
+                .expect("an event within 15 s");
+            if let Some(k) = line.strip_prefix("event: ") {
+                kind = Some(k.to_string());
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                return (kind.take().unwrap(), serde_json::from_str(d).unwrap());
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_watch_streams_changes_and_a_blocking_query_answers_when_they_happen() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let inst = |id: &str| format!("{h}/v1/services/web/instances/{id}");
+    put(
+        &inst("web-1"),
+        r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#,
+    );
+    let watch = Stream::open(&format!("{h}/v1/services/web?watch&meta=zone:eu-1"));
+    let (kind, data) = watch.next();
+    assert_eq!((kind.as_str(), &data["instance"]), ("up", &Value::from("web-1")));
+    // Outside the filter: nothing. Inside: up, then down when it leaves the filter.
+    put(
+        &inst("web-2"),
+        r#"{"address": "10.0.0.8:8080", "meta": {"zone": "eu-2"}}"#,
+    );
+    put(
+        &inst("web-3"),
+        r#"{"address": "10.0.0.9:8080", "meta": {"zone": "eu-1"}}"#,
+    );
+    let (kind, data) = watch.next();
+    assert_eq!((kind.as_str(), &data["instance"]), ("up", &Value::from("web-3")));
+    put(
+        &inst("web-3"),
+        r#"{"address": "10.0.0.9:8080", "meta": {"zone": "eu-2"}}"#,
+    );
+    let (kind, data) = watch.next();
+    assert_eq!(kind, "down");
+    assert_eq!(data, serde_json::json!({"service": "web", "instance": "web-3"}));
+    curl(&["-X", "DELETE", &inst("web-1")]);
+    let (kind, data) = watch.next();
+    assert_eq!(
+        (kind.as_str(), &data["instance"]),
+        ("down", &Value::from("web-1"))
+    );
+
+    // A blocking query with the current index waits for a change, then answers with it.
+    let first = curl(&[&format!("{h}/v1/services/web")]);
+    let index = first.header("x-roster-index").unwrap();
+    let unchanged = curl(&[&format!("{h}/v1/services/web?index={index}&wait=200ms")]);
+    assert_eq!(
+        unchanged.header("x-roster-index").unwrap(),
+        index,
+        "nothing changed"
+    );
+    let (tx, rx) = mpsc::channel();
+    let url = format!("{h}/v1/services/web?index={index}&wait=60s");
+    std::thread::spawn(move || tx.send(curl(&[&url])));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the query waits while nothing changes"
+    );
+    put(&inst("web-4"), r#"{"address": "10.0.0.10:8080"}"#);
+    let answer = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("an answer once web-4 came");
+    assert_ne!(answer.header("x-roster-index").unwrap(), index);
+    assert!(ids(&answer).contains(&"web-4".to_string()));
+}
+
+#[test]
+fn bad_http_input_is_refused_clearly_and_the_agent_keeps_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let port: u16 = h.rsplit(':').next().unwrap().parse().unwrap();
+    // A head that never ends and a body that never comes, held open meanwhile.
+    let mut slow_head = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow_head
+        .write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut slow_body = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow_body
+        .write_all(b"PUT /v1/services/web/instances/w HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    let inst = format!("{h}/v1/services/web/instances/web-1");
+    for (body, code, says) in [
+        ("{not json", 400, "not the JSON"),
+        (
+            r#"{"address": "10.0.0.7:80", "colour": "red"}"#,
+            400,
+            "unknown field `colour`",
+        ),
+        (r#"{"meta": {}}"#, 400, "missing field `address`"),
+        (r#"{"address": "nowhere"}"#, 400, "nowhere"),
+        (
+            r#"{"address": "10.0.0.7:80", "ttl": "soon"}"#,
+            400,
+            "is not a duration",
+        ),
+        (
+            r#"{"address": "10.0.0.7:80", "checks": [{"tcp": "a:1", "http": "http://a/"}]}"#,
+            400,
+            "exactly one",
+        ),
+    ] {
+        let r = put(&inst, body);
+        assert_eq!(r.error(code), "invalid", "{body}");
+        assert!(r.body.contains(says), "{body}: {}", r.body);
+    }
+    let big = root.path().join("big.json");
+    std::fs::write(&big, format!("{{\"address\": \"{}\"}}", "a".repeat(10 << 20))).unwrap();
+    let r = curl(&[
+        "-X",
+        "PUT",
+        &inst,
+        "--data-binary",
+        &format!("@{}", big.display()),
+    ]);
+    assert_eq!(r.error(413), "invalid");
+    let r = curl(&[&format!("{h}/v1/services/web?wait=5s")]);
+    assert!(r.body.contains("wait goes with index"), "{}", r.body);
+    let long = "a".repeat(300);
+    assert_eq!(curl(&[&format!("{h}/v1/services/{long}")]).error(400), "invalid");
+    assert_eq!(
+        curl(&[&format!("{h}/v1/services/web?status=sleepy")]).error(400),
+        "invalid"
+    );
+    assert_eq!(
+        ids(&curl(&[&format!("{h}/v1/services/web")])).len(),
+        0,
+        "nothing was registered"
+    );
+    // The slow ones: the head is cut off, the body answered 408, and the agent served all
+    // along.
+    let mut buf = Vec::new();
+    slow_head.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = slow_head.read_to_end(&mut buf);
+    assert!(
+        !String::from_utf8_lossy(&buf).contains(" 200 "),
+        "a head that never ended was not served"
+    );
+    let mut answer = String::new();
+    slow_body.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = slow_body.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
+}
+
+fn token_file(path: &Path, tokens: &[&str]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, tokens.join("\n") + "\n").unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn tokens_are_asked_for_refused_when_wrong_and_rotate_without_a_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("tokens");
+    let (old, new) = ("old-token-0123456789", "the-new-token-0123456789abcdef");
+    token_file(&file, &["# operators' tokens", old]);
+    let (a, h) = http_agent(
+        &root.path().join("a"),
+        "a",
+        &["--http-token-file", &path_str(&file), "--http-require-token"],
+    );
+    let services = format!("{h}/v1/services");
+    let bearer = |t: &str| format!("authorization: Bearer {t}");
+    let r = curl(&[&services]);
+    assert_eq!(r.error(401), "unauthorized");
+    assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"));
+    assert_eq!(
+        curl(&[&services, "-H", &bearer("wrong-token-0123456789")]).error(403),
+        "forbidden"
+    );
+    assert_eq!(curl(&[&services, "-H", &bearer(old)]).code, 200);
+    // Rotation: both for a while, then the new one only.
+    token_file(&file, &[old, new]);
+    eventually("the new token is taken", || {
+        curl(&[&services, "-H", &bearer(new)]).code == 200
+    });
+    assert_eq!(curl(&[&services, "-H", &bearer(old)]).code, 200);
+    token_file(&file, &[new]);
+    eventually("the old token is refused", || {
+        curl(&[&services, "-H", &bearer(old)]).code == 403
+    });
+    // A broken edit keeps the tokens read before, and says so.
+    token_file(&file, &["short"]);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(curl(&[&services, "-H", &bearer(new)]).code, 200);
+    eventually("the log says the file is kept", || {
+        a.log().contains("the tokens read before stay in use")
+    });
+}
+
+#[test]
+fn the_agent_refuses_http_settings_it_cannot_honour_in_one_line() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("d");
+    let d = path_str(&dir);
+    let d = d.as_str();
+    let open_file = root.path().join("open-tokens");
+    std::fs::write(&open_file, "a-token-of-enough-length\n").unwrap();
+    std::fs::set_permissions(&open_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open = path_str(&open_file);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    for (args, says) in [
+        (vec!["--http-listen", "0.0.0.0:0"], "--http-token-file"),
+        (vec!["--http-token-file", &open], "chmod 600"),
+        (vec!["--http-require-token"], "needs --http-token-file"),
+        (vec!["--http-listen", &busy_addr], "cannot listen for HTTP"),
+        (vec!["--http-listen", "off", "--http-require-token"], "drop them"),
+    ] {
+        let out = roster(&[&["agent", "--listen", "127.0.0.1:0", "--data-dir", d][..], &args].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    let agent = Agent::start(&dir, "quiet", &["--http-listen", "off"]);
+    let printed: Vec<String> = (0..3)
+        .filter_map(|_| agent.stdout.recv_timeout(Duration::from_secs(5)).ok())
+        .collect();
+    assert!(printed.iter().any(|l| l == "HTTP API off"), "{printed:?}");
+}
