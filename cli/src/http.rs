@@ -10,9 +10,11 @@
 
 mod auth;
 mod error;
+mod metrics;
 mod params;
 mod read;
 mod register;
+mod sd;
 mod serve;
 mod watch;
 
@@ -100,6 +102,8 @@ fn router(app: App) -> Router {
         .route("/v1/status", get(read::status))
         .route("/v1/explain/{service}/{instance}", get(read::explain))
         .route("/v1/sync", post(register::sync))
+        .route("/v1/sd/prometheus", get(sd::prometheus))
+        .route("/metrics", get(metrics::metrics))
         .fallback(|| async {
             ApiError::not_found("no such endpoint; docs/reference/http.md lists them (GET /v1/services, ...)")
         })

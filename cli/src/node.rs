@@ -32,6 +32,7 @@ mod health;
 #[cfg(test)]
 mod health_tests;
 mod inspect;
+mod metrics;
 
 /// A node for the tests beside this file: on a free loopback port, over `dir`, without
 /// the crash-loop guard.
@@ -149,6 +150,8 @@ pub(crate) struct Inner {
     /// Own keys whose `ttl` passed and that are out of the cluster, but still on disk
     /// because the store could not write (see `unsaved`).
     pending_removals: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Latency histograms (`Node::register_metrics`).
+    metrics: metrics::Metrics,
 }
 
 impl Inner {

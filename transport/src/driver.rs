@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
-pub use config::{DriverConfig, StartError};
+pub use config::{DriverConfig, SnapshotObserver, StartError};
 pub use conn::{ClientConn, ClientProtocol, ClientStream};
 pub use handle::{DriverError, Handle, NodeCounters};
 pub use limits::{DriverCounters, Limits};
@@ -177,6 +177,7 @@ pub fn start(
     if let Some(guard) = guard {
         shared.guard_retry_s = guard.peer_retry_after_s();
     }
+    shared.on_snapshot = config.on_snapshot;
     let shared = Arc::new(shared);
     shared
         .refuse_peers

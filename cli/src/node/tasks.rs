@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::histogram::Histogram;
 use roster_transport::driver::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -22,7 +23,7 @@ const TTL_CHECK: Duration = Duration::from_millis(250);
 
 /// Saves the replica after changes, in batches (group commit). After a failed write it
 /// reopens the store on its backoff, and saves what is unsaved once it can.
-pub(super) async fn saver(handle: Handle, store: Arc<Store>, cancel: CancellationToken) {
+pub(super) async fn saver(handle: Handle, store: Arc<Store>, latency: Histogram, cancel: CancellationToken) {
     let mut rx = handle.watch_replica();
     let mut interval = SAVE_INTERVAL;
     let mut saved_memory: Vec<u8> = Vec::new();
@@ -59,7 +60,10 @@ pub(super) async fn saver(handle: Handle, store: Arc<Store>, cancel: Cancellatio
             rx.borrow_and_update();
             let started = Instant::now();
             match save_changes(&handle, &store).await {
-                Ok(()) => unsaved = false,
+                Ok(()) => {
+                    unsaved = false;
+                    latency.observe(started.elapsed().as_secs_f64());
+                }
                 Err(StoreError::Unwritable { .. }) => continue,
                 Err(e) => warn!("could not save the replica: {e}"),
             }

@@ -503,3 +503,76 @@ fn the_agent_refuses_http_settings_it_cannot_honour_in_one_line() {
         .collect();
     assert!(printed.iter().any(|l| l == "HTTP API off"), "{printed:?}");
 }
+
+#[test]
+fn metrics_are_in_prometheus_text_and_discovery_lists_the_passing_instances() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let (_b, _) = http_agent(&root.path().join("b"), "b", &["--join", &a.url]);
+    let inst = |id: &str| format!("{h}/v1/services/web/instances/{id}");
+    put(
+        &inst("web-1"),
+        r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1", "app.version": "2"}}"#,
+    );
+    put(
+        &inst("web-2"),
+        r#"{"address": "10.0.0.8:8080", "checks": [{"ttl": "30s"}]}"#,
+    );
+    put(
+        &format!("{h}/v1/services/db/instances/db-1"),
+        r#"{"address": "10.0.0.9:5432"}"#,
+    );
+    eventually("b is connected", || {
+        curl(&[&format!("{h}/metrics")])
+            .body
+            .contains("roster_members{state=\"alive\"} 2")
+    });
+    let m = curl(&[&format!("{h}/metrics")]);
+    assert_eq!(m.code, 200);
+    assert!(m
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    for line in [
+        "roster_instances{status=\"passing\"} 2",
+        "roster_instances{status=\"critical\"} 1",
+        "roster_services 2",
+        "roster_crash_guard 0",
+        "# TYPE roster_refusals counter",
+        "roster_refusals_total{reason=\"malformed\"} 0",
+        "# TYPE roster_save_seconds histogram",
+        "# TYPE roster_snapshot_seconds histogram",
+    ] {
+        assert!(m.body.lines().any(|l| l == line), "{line} in:\n{}", m.body);
+    }
+    let saves = |body: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix("roster_save_seconds_count "))
+            .map(|n| n.parse::<u64>().unwrap())
+    };
+    assert!(saves(&m.body).is_some(), "{}", m.body);
+    eventually("a save was timed", || {
+        saves(&curl(&[&format!("{h}/metrics")]).body) >= Some(1)
+    });
+    assert!(m.body.ends_with("# EOF\n"), "the OpenMetrics end marker");
+    // Discovery: one group per passing instance (web-2 waits for its first pass).
+    let sd = curl(&[&format!("{h}/v1/sd/prometheus")]).json();
+    let targets: Vec<&str> = sd
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["targets"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, ["10.0.0.9:5432", "10.0.0.7:8080"], "{sd}");
+    let web = &sd[1]["labels"];
+    assert_eq!(web["__meta_roster_service"], "web");
+    assert_eq!(web["__meta_roster_instance"], "web-1");
+    assert_eq!(web["__meta_roster_meta_app_version"], "2");
+    curl(&["-X", "PUT", &format!("{}/pass", inst("web-2"))]);
+    let only_web = curl(&[&format!("{h}/v1/sd/prometheus?service=web")]).json();
+    assert_eq!(only_web.as_array().unwrap().len(), 2, "{only_web}");
+    assert_eq!(
+        curl(&[&format!("{h}/v1/sd/prometheus?job=x")]).error(400),
+        "invalid"
+    );
+}

@@ -37,6 +37,20 @@ pub struct DriverConfig {
     /// The application's protocol for clients: connections that ask for it go there after
     /// the upgrade; `None` refuses them. They count under the inbound cap.
     pub clients: Option<ClientProtocol>,
+    /// Told what each replica snapshot published for readers cost to make (for a latency
+    /// histogram); `None`: nobody asks.
+    pub on_snapshot: Option<SnapshotObserver>,
+}
+
+/// A function told the duration of each snapshot the node publishes for readers. It runs
+/// on the node's task: it must return at once (record into a histogram, no I/O).
+#[derive(Clone)]
+pub struct SnapshotObserver(pub std::sync::Arc<dyn Fn(std::time::Duration) + Send + Sync>);
+
+impl std::fmt::Debug for SnapshotObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotObserver")
+    }
 }
 
 impl DriverConfig {
@@ -53,6 +67,7 @@ impl DriverConfig {
             tls: None,
             resume: proto::Resume::default(),
             clients: None,
+            on_snapshot: None,
         }
     }
 }

@@ -115,6 +115,8 @@ pub(super) struct Shared {
     pub tls: Option<Tls>,
     /// Where client connections go; `None` refuses them.
     pub clients: Option<ClientProtocol>,
+    /// Told what each published snapshot cost.
+    pub on_snapshot: Option<super::SnapshotObserver>,
     /// Peer accepts per source address (load shedding).
     accepts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, TokenBucket>>,
     /// Client accepts per source address.
@@ -188,6 +190,7 @@ impl Shared {
             abort: CancellationToken::new(),
             tls,
             clients,
+            on_snapshot: None,
             accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
             client_accepts: std::sync::Mutex::new(std::collections::HashMap::new()),
             unauthenticated: Arc::new(Unauthenticated::default()),

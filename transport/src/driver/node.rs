@@ -481,6 +481,9 @@ impl NodeTask {
         }
         self.published = Instant::now();
         let cost = self.published.saturating_duration_since(started);
+        if let Some(observe) = &self.shared.on_snapshot {
+            (observe.0)(cost);
+        }
         self.snapshot_cost = cost;
         self.snapshot_interval = (cost * SNAPSHOT_COST_FACTOR).max(SNAPSHOT_INTERVAL);
         self.dirty = false;

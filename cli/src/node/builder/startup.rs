@@ -73,6 +73,8 @@ impl NodeBuilder {
             conns: clients_tx,
         });
         config.tls = self.tls.clone();
+        let metrics = super::super::metrics::Metrics::new();
+        config.on_snapshot = Some(metrics.snapshot_observer());
         let cancel = CancellationToken::new();
         let handle = driver::start(listener, config, disk.replica, self.join.clone(), cancel.clone())?;
         let inner = Arc::new(Inner {
@@ -95,6 +97,7 @@ impl NodeBuilder {
             checks: checks::Checks::default(),
             last_sync: std::sync::Mutex::new(None),
             pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            metrics,
         });
         let node = Node { inner };
         self.spawn_tasks(&node, disk.store, &guard, clients_rx).await;
@@ -306,9 +309,12 @@ impl NodeBuilder {
             node.run_checks(rec);
         }
         if let Some(store) = store {
-            inner
-                .tasks
-                .spawn(saver(inner.handle.clone(), store, inner.cancel.clone()));
+            inner.tasks.spawn(saver(
+                inner.handle.clone(),
+                store,
+                inner.metrics.save.clone(),
+                inner.cancel.clone(),
+            ));
         }
         if let Some(g) = guard.on {
             inner.tasks.spawn(end_guard(Arc::downgrade(inner), g.window));
