@@ -106,7 +106,21 @@ pub struct AgentArgs {
     /// containers of one pod).
     #[arg(long)]
     http_require_token: bool,
+    /// Serve DNS (UDP and TCP) on ADDR from the local replica, e.g. 127.0.0.1:8600
+    /// [default: off].
+    #[arg(long, value_name = "ADDR", env = "ROSTER_DNS_LISTEN")]
+    dns_listen: Option<String>,
+    /// The zone DNS answers for: <service>.service.<domain> [default: roster].
+    #[arg(long, value_name = "NAME", env = "ROSTER_DNS_DOMAIN")]
+    dns_domain: Option<String>,
+    /// The TTL of DNS answers, 0s to 1h [default: 0s, so every lookup sees the registry
+    /// as it is].
+    #[arg(long, value_name = "DUR", env = "ROSTER_DNS_TTL", value_parser = parse_duration)]
+    dns_ttl: Option<Duration>,
 }
+
+/// The longest TTL a DNS answer may carry.
+const MAX_DNS_TTL: Duration = Duration::from_secs(3600);
 
 /// Where the HTTP API listens unless told.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7421";
@@ -252,6 +266,10 @@ pub fn identity(data_dir: Option<PathBuf>, json: bool) -> Result<(), Fail> {
 pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let settings = Settings::of(args)?;
     let http = settings.http().await?;
+    let dns = match &settings.dns_listen {
+        Some(a) => Some(crate::dns::Sockets::bind(a).await.map_err(Fail::usage)?),
+        None => None,
+    };
     let node = settings.builder()?.start().await.map_err(start_failed)?;
     let stop_http = tokio_util::sync::CancellationToken::new();
     let http = http.map(|(listener, tokens)| {
@@ -261,13 +279,25 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
             crate::http::spawn(node.clone(), listener, tokens, stop_http.clone()),
         )
     });
-    settings.announce(&node, http.as_ref().and_then(|(a, _)| *a));
+    let dns = dns.and_then(|sockets| {
+        let addr = sockets.local_addr();
+        let config = settings.dns.clone()?;
+        Some((
+            addr,
+            crate::dns::spawn(node.clone(), sockets, config, stop_http.clone()),
+        ))
+    });
+    settings.announce(
+        &node,
+        http.as_ref().and_then(|(a, _)| *a),
+        dns.as_ref().and_then(|(a, _)| *a),
+    );
     let left = tokio::select! {
         () = wait_for_signal() => false,
         () = node.closed() => true,
     };
     stop_http.cancel();
-    if let Some((_, server)) = http {
+    for (_, server) in http.into_iter().chain(dns) {
         let _ = server.await;
     }
     if left {
@@ -310,6 +340,9 @@ struct Settings {
     http_listen: Option<String>,
     http_token_file: Option<PathBuf>,
     http_require_token: bool,
+    /// `None`: off.
+    dns_listen: Option<String>,
+    dns: Option<crate::dns::DnsConfig>,
 }
 
 impl Settings {
@@ -378,6 +411,25 @@ impl Settings {
             },
             http_token_file: args.http_token_file.or(file.http_token_file),
             http_require_token: args.http_require_token || file.http_require_token.unwrap_or(false),
+            dns_listen: args.dns_listen.or(file.dns_listen).filter(|a| a.trim() != "off"),
+            dns: Some(crate::dns::DnsConfig {
+                domain: crate::dns::domain(
+                    &args
+                        .dns_domain
+                        .or(file.dns_domain)
+                        .unwrap_or_else(|| "roster".into()),
+                )
+                .map_err(Fail::usage)?,
+                ttl: match duration(args.dns_ttl, "dns-ttl", file.dns_ttl)? {
+                    Some(t) if t > MAX_DNS_TTL => {
+                        return Err(Fail::usage(format!(
+                            "--dns-ttl {t:?} is over 1h; answers older than that mislead"
+                        )))
+                    }
+                    Some(t) => t,
+                    None => Duration::ZERO,
+                },
+            }),
         })
     }
 
@@ -464,7 +516,12 @@ impl Settings {
     }
 
     /// Prints who the agent is, where it listens and whom it joins.
-    fn announce(&self, node: &roster::Node, http: Option<std::net::SocketAddr>) {
+    fn announce(
+        &self,
+        node: &roster::Node,
+        http: Option<std::net::SocketAddr>,
+        dns: Option<std::net::SocketAddr>,
+    ) {
         println!(
             "roster agent {}: node {} ({}), pid {}",
             env!("CARGO_PKG_VERSION"),
@@ -480,6 +537,9 @@ impl Settings {
         match http {
             Some(a) => println!("HTTP API on http://{a}"),
             None => println!("HTTP API off"),
+        }
+        if let (Some(a), Some(c)) = (dns, &self.dns) {
+            println!("DNS on {a} (udp and tcp) for {}", c.domain);
         }
         println!("data in {}", self.data_dir.display());
         if self.join.is_empty() {

@@ -7,6 +7,7 @@ mod agent;
 mod bulk_file;
 mod check_args;
 mod commands;
+mod dns;
 mod http;
 mod output;
 mod watch;
@@ -328,11 +329,19 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
 }
 
 /// Logs go to stderr: `info` for the agent, `warn` for commands; `ROSTER_LOG` (an
-/// `EnvFilter` directive such as `debug` or `roster_transport=debug`) overrides.
+/// `EnvFilter` directive such as `debug` or `roster_transport=debug`) overrides. The DNS
+/// server's library logs each query at `info`: it says `warn` and above unless
+/// `ROSTER_LOG` names it (`hickory_server=info`).
 fn init_logging(agent: bool) {
     let default = if agent { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ROSTER_LOG")
+    let asked = std::env::var("ROSTER_LOG").ok();
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("ROSTER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    if !asked.is_some_and(|a| a.contains("hickory")) {
+        if let Ok(quiet) = "hickory_server=warn".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -30,6 +30,9 @@ mod crash;
 /// The data directory under trouble.
 #[path = "agents/disk.rs"]
 mod disk;
+/// DNS with dig.
+#[path = "agents/dns.rs"]
+mod dns;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;

@@ -33,6 +33,9 @@ pub struct FileConfig {
     pub http_listen: Option<String>,
     pub http_token_file: Option<PathBuf>,
     pub http_require_token: Option<bool>,
+    pub dns_listen: Option<String>,
+    pub dns_domain: Option<String>,
+    pub dns_ttl: Option<String>,
 }
 
 /// The largest config file read.

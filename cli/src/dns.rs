@@ -1,0 +1,335 @@
+//! The agent's DNS interface (`--dns-listen`, off by default), served with hickory-server
+//! from the local replica: no query touches the network.
+//!
+//! - `<service>.service.<domain>` A and AAAA: the addresses of its passing instances whose
+//!   host is an IP address; SRV: one record per passing instance, its port and a target:
+//!   the host when it is a name, else `<hex of the IP>.addr.<domain>`, whose address goes
+//!   in the additional section (as Consul's DNS does).
+//! - `<hex>.addr.<domain>` A or AAAA: that address.
+//! - A service with no live instance, or any other name in the domain: NXDOMAIN. A
+//!   service whose instances are all critical or in maintenance: no records (NOERROR).
+//! - A name outside the domain: REFUSED (this is not a recursive resolver).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use hickory_server::authority::MessageResponseBuilder;
+use hickory_server::proto::op::{Header, MessageType, OpCode, ResponseCode};
+use hickory_server::proto::rr::rdata::{A, AAAA, SRV};
+use hickory_server::proto::rr::{Name, RData, Record, RecordType};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::ServerFuture;
+use tokio::net::{TcpListener, UdpSocket};
+
+/// How long a TCP client may take to send its query.
+const TCP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most records of one kind in an answer (a UDP answer that does not fit is truncated
+/// and the client asks again over TCP).
+const MAX_ANSWERS: usize = 256;
+
+/// What `--dns-*` asked for.
+#[derive(Debug, Clone)]
+pub struct DnsConfig {
+    /// The zone answered, e.g. `roster.`.
+    pub domain: Name,
+    /// The TTL of every record.
+    pub ttl: Duration,
+}
+
+/// Parses `--dns-domain`: a DNS name, made absolute.
+///
+/// # Errors
+/// One line saying what a domain looks like.
+pub fn domain(s: &str) -> Result<Name, String> {
+    let bad = || format!("DNS domain {s:?} is not a domain name (e.g. roster or roster.example.com)");
+    let s = s.trim().trim_end_matches('.');
+    if s.is_empty() || s.len() > 200 {
+        return Err(bad());
+    }
+    let mut name = Name::from_ascii(s).map_err(|_| bad())?;
+    name.set_fqdn(true);
+    Ok(name.to_lowercase())
+}
+
+/// The bound sockets, before the node starts (a busy port fails the start, nothing started).
+#[derive(Debug)]
+pub struct Sockets {
+    udp: UdpSocket,
+    tcp: TcpListener,
+}
+
+impl Sockets {
+    /// Binds UDP and TCP on `addr` (port 0: the one UDP got).
+    ///
+    /// # Errors
+    /// One line naming the address and what to do.
+    pub async fn bind(addr: &str) -> Result<Self, String> {
+        let fail = |e: std::io::Error| {
+            format!("cannot listen for DNS on {addr}: {e}; pick another --dns-listen address")
+        };
+        let udp = UdpSocket::bind(addr).await.map_err(fail)?;
+        let at = udp.local_addr().map_err(fail)?;
+        let tcp = TcpListener::bind(at).await.map_err(fail)?;
+        Ok(Self { udp, tcp })
+    }
+
+    /// Where they listen.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.udp.local_addr().ok()
+    }
+}
+
+/// Serves DNS from `node` until `stop`.
+pub fn spawn(
+    node: roster::Node,
+    sockets: Sockets,
+    config: DnsConfig,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut server = ServerFuture::new(Dns { node, config });
+    server.register_socket(sockets.udp);
+    server.register_listener(sockets.tcp, TCP_TIMEOUT);
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        if let Err(e) = server.shutdown_gracefully().await {
+            tracing::debug!("the DNS server stopped: {e}");
+        }
+    })
+}
+
+struct Dns {
+    node: roster::Node,
+    config: DnsConfig,
+}
+
+/// An answer: its code and records.
+#[derive(Debug, Default)]
+struct Answer {
+    code: Option<ResponseCode>,
+    answers: Vec<Record>,
+    additionals: Vec<Record>,
+}
+
+impl Answer {
+    fn code(code: ResponseCode) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::default()
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Dns {
+    async fn handle_request<R: ResponseHandler>(&self, request: &Request, mut response: R) -> ResponseInfo {
+        let builder = MessageResponseBuilder::from_message_request(request);
+        let mut header = Header::response_from_request(request.header());
+        header.set_authoritative(true);
+        let answer = if request.op_code() != OpCode::Query || request.message_type() != MessageType::Query {
+            Answer::code(ResponseCode::NotImp)
+        } else {
+            match request.request_info() {
+                Ok(info) => self.answer(&Name::from(info.query.name()), info.query.query_type()),
+                Err(_) => Answer::code(ResponseCode::FormErr),
+            }
+        };
+        header.set_response_code(answer.code.unwrap_or(ResponseCode::NoError));
+        let sent = response
+            .send_response(builder.build(header, answer.answers.iter(), &[], &[], answer.additionals.iter()))
+            .await;
+        sent.unwrap_or_else(|e| {
+            tracing::debug!("a DNS answer was not sent: {e}");
+            let mut h = Header::new();
+            h.set_response_code(ResponseCode::ServFail);
+            h.into()
+        })
+    }
+}
+
+impl Dns {
+    fn answer(&self, name: &Name, qtype: RecordType) -> Answer {
+        // Matched in lower case (the question section goes back as it was asked).
+        let domain = &self.config.domain;
+        let lower = name.to_lowercase();
+        if !domain.zone_of(&lower) {
+            return Answer::code(ResponseCode::Refused);
+        }
+        let labels: Vec<String> = lower
+            .iter()
+            .take(usize::from(lower.num_labels() - domain.num_labels()))
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .collect();
+        match labels.as_slice() {
+            [service, kind] if kind == "service" => self.service(name, service, qtype),
+            [hex, kind] if kind == "addr" => match decode_ip(hex) {
+                Some(ip) => self.addr(name, ip, qtype),
+                None => Answer::code(ResponseCode::NXDomain),
+            },
+            _ => Answer::code(ResponseCode::NXDomain),
+        }
+    }
+
+    fn ttl(&self) -> u32 {
+        u32::try_from(self.config.ttl.as_secs()).unwrap_or(u32::MAX)
+    }
+
+    fn service(&self, name: &Name, service: &str, qtype: RecordType) -> Answer {
+        if roster::registry::ServiceName::new(service).is_err() || self.node.lookup_all(service).is_empty() {
+            return Answer::code(ResponseCode::NXDomain);
+        }
+        let passing: Vec<(Host, u16)> = self
+            .node
+            .lookup(service)
+            .into_iter()
+            .filter(|i| i.status.as_str() == "passing")
+            .filter_map(|i| host_port(&i.address))
+            .take(MAX_ANSWERS)
+            .collect();
+        let mut a = Answer::default();
+        for (host, port) in passing {
+            match (qtype, &host) {
+                (RecordType::A | RecordType::ANY, Host::Ip(IpAddr::V4(ip))) => {
+                    a.answers
+                        .push(Record::from_rdata(name.clone(), self.ttl(), RData::A(A(*ip))));
+                }
+                (RecordType::AAAA | RecordType::ANY, Host::Ip(IpAddr::V6(ip))) => {
+                    a.answers.push(Record::from_rdata(
+                        name.clone(),
+                        self.ttl(),
+                        RData::AAAA(AAAA(*ip)),
+                    ));
+                }
+                (RecordType::SRV, _) => self.srv(&mut a, name, &host, port),
+                _ => {}
+            }
+        }
+        a
+    }
+
+    fn srv(&self, a: &mut Answer, name: &Name, host: &Host, port: u16) {
+        let target = match host {
+            Host::Name(n) => n.clone(),
+            Host::Ip(ip) => {
+                let Ok(n) = Name::from_ascii(format!("{}.addr", encode_ip(*ip)))
+                    .and_then(|n| n.append_domain(&self.config.domain))
+                else {
+                    return;
+                };
+                a.additionals
+                    .push(Record::from_rdata(n.clone(), self.ttl(), ip_rdata(*ip)));
+                n
+            }
+        };
+        a.answers.push(Record::from_rdata(
+            name.clone(),
+            self.ttl(),
+            RData::SRV(SRV::new(1, 1, port, target)),
+        ));
+    }
+
+    fn addr(&self, name: &Name, ip: IpAddr, qtype: RecordType) -> Answer {
+        let mut a = Answer::default();
+        let fits = matches!(
+            (qtype, ip),
+            (RecordType::A | RecordType::ANY, IpAddr::V4(_))
+                | (RecordType::AAAA | RecordType::ANY, IpAddr::V6(_))
+        );
+        if fits {
+            a.answers
+                .push(Record::from_rdata(name.clone(), self.ttl(), ip_rdata(ip)));
+        }
+        a
+    }
+}
+
+fn ip_rdata(ip: IpAddr) -> RData {
+    match ip {
+        IpAddr::V4(v4) => RData::A(A(v4)),
+        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    }
+}
+
+/// An instance's host: an IP address, or a name.
+#[derive(Debug, Clone)]
+enum Host {
+    Ip(IpAddr),
+    Name(Name),
+}
+
+/// `host:port` or `[v6]:port`, as an address is registered.
+fn host_port(address: &str) -> Option<(Host, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Some((Host::Ip(ip), port));
+    }
+    let mut name = Name::from_ascii(host).ok()?;
+    name.set_fqdn(true);
+    Some((Host::Name(name), port))
+}
+
+/// An IP as the hex label of `<hex>.addr.<domain>`: 8 digits for IPv4, 32 for IPv6.
+fn encode_ip(ip: IpAddr) -> String {
+    let bytes: Vec<u8> = match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_ip(hex: &str) -> Option<IpAddr> {
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect::<Option<_>>()?;
+    match bytes.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
+        16 => {
+            let octets: [u8; 16] = bytes.try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(octets)))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_through_their_hex_label() {
+        for ip in ["10.0.0.7", "::1", "2001:db8::7"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(decode_ip(&encode_ip(ip)), Some(ip));
+        }
+        assert_eq!(encode_ip("10.0.0.7".parse().unwrap()), "0a000007");
+        assert_eq!(decode_ip("0a00007"), None);
+        assert_eq!(decode_ip("zz000007"), None);
+    }
+
+    #[test]
+    fn a_registered_address_is_an_ip_or_a_name_and_a_port() {
+        assert!(matches!(host_port("10.0.0.7:80"), Some((Host::Ip(_), 80))));
+        assert!(matches!(
+            host_port("[::1]:8080"),
+            Some((Host::Ip(IpAddr::V6(_)), 8080))
+        ));
+        assert!(matches!(
+            host_port("db.example.com:5432"),
+            Some((Host::Name(_), 5432))
+        ));
+        assert!(host_port("no-port").is_none());
+    }
+
+    #[test]
+    fn a_domain_is_a_name_made_absolute_and_lowercase() {
+        assert_eq!(domain("Roster").unwrap().to_string(), "roster.");
+        assert_eq!(
+            domain("svc.example.com.").unwrap().to_string(),
+            "svc.example.com."
+        );
+        assert!(domain("").is_err());
+        assert!(domain("a..b").is_err());
+    }
+}
