@@ -292,10 +292,12 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
         http.as_ref().and_then(|(a, _)| *a),
         dns.as_ref().and_then(|(a, _)| *a),
     );
+    notify_systemd(sd_notify::NotifyState::Ready);
     let left = tokio::select! {
         () = wait_for_signal() => false,
         () = node.closed() => true,
     };
+    notify_systemd(sd_notify::NotifyState::Stopping);
     stop_http.cancel();
     for (_, server) in http.into_iter().chain(dns) {
         let _ = server.await;
@@ -564,6 +566,13 @@ fn start_failed(e: roster::Error) -> Fail {
             Fail::usage(format!("{e}; check --advertise, --node-name and --cluster"))
         }
         other => Fail::failed(other.to_string()),
+    }
+}
+
+/// Tells systemd (`Type=notify`) how the agent is doing; nothing without `$NOTIFY_SOCKET`.
+fn notify_systemd(state: sd_notify::NotifyState) {
+    if let Err(e) = sd_notify::notify(false, &[state]) {
+        tracing::warn!("cannot tell systemd the agent's state: {e}");
     }
 }
 

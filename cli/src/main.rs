@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 /// A failure with its exit code and one line for stderr.
 #[derive(Debug)]
@@ -196,6 +196,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a completion script for SHELL (e.g. `roster completions bash >
+    /// /usr/share/bash-completion/completions/roster`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, roff (e.g. `roster man > /usr/local/share/man/man1/roster.1`,
+    /// `roster man agent > .../roster-agent.1`).
+    Man {
+        /// A command's own page (its flags), e.g. agent.
+        command: Option<String>,
+    },
     /// Make the agent leave the cluster and stop: its registrations are removed from every
     /// node at once (they stay on its disk and come back if it is started again).
     Leave {
@@ -325,6 +337,41 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
         Command::Sync { client } => commands::sync(&client).await,
         Command::Leave { client } => commands::leave(&client).await,
         Command::Id { data_dir, json } => agent::identity(data_dir, json),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "roster", &mut script);
+            print_bytes(&script)
+        }
+        Command::Man { command } => {
+            let cli = Cli::command();
+            let cmd = match &command {
+                None => cli,
+                Some(name) => cli
+                    .find_subcommand(name)
+                    .cloned()
+                    .ok_or_else(|| Fail::usage(format!("no command {name:?}; `roster --help` lists them")))?
+                    .bin_name(format!("roster {name}"))
+                    .version(env!("CARGO_PKG_VERSION")),
+            };
+            let title = command.map_or_else(|| "roster".to_string(), |name| format!("roster-{name}"));
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd)
+                .title(title)
+                .render(&mut page)
+                .map_err(|e| Fail::failed(format!("cannot render the man page: {e}")))?;
+            print_bytes(&page)
+        }
+    }
+}
+
+/// Writes to stdout; a reader that closed early (`| head`) is not an error.
+fn print_bytes(bytes: &[u8]) -> Result<(), Fail> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Fail::failed(format!("cannot write to stdout: {e}")))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -36,6 +36,9 @@ mod dns;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
+/// systemd readiness, completions, man pages, docs/ops/.
+#[path = "agents/packaging.rs"]
+mod packaging;
 /// Restarts and departures.
 #[path = "agents/restarts.rs"]
 mod restarts;
