@@ -384,18 +384,31 @@ impl Settings {
             }
             None => None,
         };
+        let tls = match &self.tls {
+            Some((cert, key, ca)) => Some(
+                roster::transport::driver::TlsConfig {
+                    cert_pem: cert.clone(),
+                    key_pem: key.clone(),
+                    ca_pem: ca.clone(),
+                }
+                .acceptor()
+                .map_err(|e| Fail::usage(format!("TLS: {e}; check --tls-cert, --tls-key and --tls-ca")))?,
+            ),
+            None => None,
+        };
         let listener = crate::http::bind(addr).await.map_err(Fail::usage)?;
         let local = listener
             .local_addr()
             .map_err(|e| Fail::failed(format!("the HTTP listener has no address: {e}")))?;
-        if tokens.is_none() && !local.ip().is_loopback() {
+        if tokens.is_none() && tls.is_none() && !local.ip().is_loopback() {
             return Err(Fail::usage(format!(
-                "--http-listen {addr} is beyond loopback: give --http-token-file FILE so clients there can authenticate, or listen on 127.0.0.1"
+                "--http-listen {addr} is beyond loopback: give --http-token-file FILE (or the TLS flags, for client certificates) so clients there can authenticate, or listen on 127.0.0.1"
             )));
         }
         let access = crate::http::Access {
             tokens,
             loopback_needs_token: self.http_require_token,
+            tls,
         };
         Ok(Some((listener, access)))
     }
@@ -466,7 +479,10 @@ impl Settings {
             println!("advertising {}", node.url());
         }
         match http {
-            Some(a) => println!("HTTP API on http://{a}"),
+            Some(a) => println!(
+                "HTTP API on {}://{a}",
+                if self.tls.is_some() { "https" } else { "http" }
+            ),
             None => println!("HTTP API off"),
         }
         if let (Some(a), Some(c)) = (dns, &self.dns) {

@@ -30,17 +30,33 @@ use tokio_util::sync::CancellationToken;
 pub use auth::Tokens;
 use error::ApiError;
 
-/// The client's address, put on each request by the server loop.
+/// Who sent a request, put on it by the server loop.
 #[derive(Debug, Clone, Copy)]
-struct ClientAddr(SocketAddr);
+struct Client {
+    addr: SocketAddr,
+    /// It showed a client certificate of the cluster's CA (HTTPS only; checked by rustls).
+    certificate: bool,
+}
 
 /// Who may use the API besides clients on loopback.
-#[derive(Debug)]
 pub struct Access {
     /// The tokens of `--http-token-file`; `None`: loopback only.
     pub tokens: Option<Tokens>,
     /// `--http-require-token`: loopback clients show a token too.
     pub loopback_needs_token: bool,
+    /// HTTPS with the agent's TLS files; a client certificate of its CA then admits a
+    /// client as a token does.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("tokens", &self.tokens)
+            .field("loopback_needs_token", &self.loopback_needs_token)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 /// What every handler shares.
@@ -71,12 +87,13 @@ pub fn spawn(
     access: Access,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
+    let tls = access.tls.clone();
     let app = App {
         node,
         access: Arc::new(access),
         stop: stop.clone(),
     };
-    tokio::spawn(serve::accept(listener, router(app), stop))
+    tokio::spawn(serve::accept(listener, router(app), tls, stop))
 }
 
 fn router(app: App) -> Router {

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::{App, ClientAddr};
+use super::{App, Client};
 
 /// The largest token file read.
 const MAX_FILE_BYTES: u64 = 64 * 1024;
@@ -152,17 +152,22 @@ fn read(path: &Path) -> Result<(Vec<[u8; 32]>, Stamp), String> {
     Ok((digests, (meta.len(), modified)))
 }
 
-/// The middleware: loopback passes (unless `--http-require-token`); any other client shows
-/// a token the file holds.
+/// The middleware: loopback passes (unless `--http-require-token`), and so does a client
+/// that showed a certificate of the cluster's CA over HTTPS; any other client shows a token
+/// the file holds.
 pub async fn check(State(app): State<App>, req: Request, next: Next) -> Response {
-    let loopback = req
-        .extensions()
-        .get::<ClientAddr>()
-        .is_some_and(|a| a.0.ip().is_loopback());
-    if loopback && !app.access.loopback_needs_token {
+    let client = req.extensions().get::<Client>().copied();
+    let loopback = client.is_some_and(|c| c.addr.ip().is_loopback());
+    if (loopback && !app.access.loopback_needs_token) || client.is_some_and(|c| c.certificate) {
         return next.run(req).await;
     }
     let Some(tokens) = &app.access.tokens else {
+        if app.access.tls.is_some() {
+            return ApiError::unauthorized(
+                "a client not on loopback shows a client certificate of the cluster's CA (this agent has no --http-token-file)",
+            )
+            .into_response();
+        }
         return ApiError::forbidden(
             "this agent takes HTTP requests from loopback only; start it with --http-token-file to admit others",
         )

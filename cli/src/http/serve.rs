@@ -16,7 +16,9 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
-use super::ClientAddr;
+use tokio_rustls::TlsAcceptor;
+
+use super::Client;
 
 /// The most HTTP connections open at once (watches included); past it, new ones are
 /// closed at once.
@@ -26,8 +28,14 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long open connections have to finish when the agent stops.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Accepts connections until `stop`, then waits for the open ones to end.
-pub async fn accept(listener: TcpListener, router: Router, stop: CancellationToken) {
+/// Accepts connections (through TLS when `tls` is set) until `stop`, then waits for the
+/// open ones to end.
+pub async fn accept(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<TlsAcceptor>,
+    stop: CancellationToken,
+) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let tracker = TaskTracker::new();
     loop {
@@ -47,29 +55,64 @@ pub async fn accept(listener: TcpListener, router: Router, stop: CancellationTok
             debug!(%addr, "HTTP connection closed: {MAX_CONNECTIONS} are open");
             continue;
         };
-        tracker.spawn(connection(stream, addr, router.clone(), stop.clone(), permit));
+        tracker.spawn(connection(
+            stream,
+            addr,
+            (router.clone(), tls.clone()),
+            stop.clone(),
+            permit,
+        ));
     }
     tracker.close();
     tracker.wait().await;
 }
 
-/// Serves one connection's requests until it closes, or the agent stops.
+/// Serves one connection's requests until it closes, or the agent stops: after a TLS
+/// handshake (within [`HEADER_TIMEOUT`]) when the API serves HTTPS.
 async fn connection(
     stream: TcpStream,
     addr: SocketAddr,
-    router: Router,
+    (router, tls): (Router, Option<TlsAcceptor>),
     stop: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
+    let Some(tls) = tls else {
+        let client = Client {
+            addr,
+            certificate: false,
+        };
+        return serve(TokioIo::new(stream), client, router, stop).await;
+    };
+    match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            // rustls checked it against the CA: a certificate shown is one of the cluster's.
+            let certificate = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .is_some_and(|c| !c.is_empty());
+            serve(TokioIo::new(stream), Client { addr, certificate }, router, stop).await;
+        }
+        Ok(Err(e)) => debug!(%addr, "HTTPS handshake failed: {e}"),
+        Err(_) => debug!(%addr, "HTTPS handshake not done within {HEADER_TIMEOUT:?}"),
+    }
+}
+
+/// Serves HTTP/1.1 on `io` until the client leaves or the agent stops.
+async fn serve<I>(io: TokioIo<I>, client: Client, router: Router, stop: CancellationToken)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let addr = client.addr;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        req.extensions_mut().insert(ClientAddr(addr));
+        req.extensions_mut().insert(client);
         router.clone().oneshot(req.map(axum::body::Body::new))
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {

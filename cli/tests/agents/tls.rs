@@ -436,3 +436,89 @@ fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
     let out = roster(&["members", "--json", "--agent", &local, "--tls-ca", &ca_file]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// `curl` over HTTPS: its status code, or `None` when no HTTP answer came (a refused
+/// handshake).
+fn https(url: &str, extra: &[&str]) -> Option<u16> {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+            url,
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    let code: u16 = text(&out.stdout).parse().unwrap_or(0);
+    (out.status.success() && code != 0).then_some(code)
+}
+
+#[test]
+fn the_http_api_serves_https_with_the_agents_tls_files_and_a_client_certificate_admits() {
+    let ip = outside_address().expect("this test needs an address other than loopback");
+    let root = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(root.path(), "cluster");
+    let other = TestCa::new(root.path(), "other");
+    let secret = path_str(&secret_file(root.path(), "secret", STRONG_SECRET));
+    let dir = root.path().join("a");
+    let flags = [
+        ca.node_flags_with(&dir, "a", &[ip.to_string()]),
+        [
+            "--cluster-secret-file",
+            &secret,
+            "--advertise",
+            "wss://127.0.0.1:9",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ]
+    .concat();
+    let a = Agent::start_on(
+        &dir,
+        "a",
+        "0.0.0.0:0",
+        &[&strs(&flags)[..], &["--http-listen", "0.0.0.0:0"]].concat(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port = loop {
+        let line = a
+            .stdout
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap();
+        if let Some(rest) = line.strip_prefix("HTTP API on https://") {
+            break rest.rsplit(':').next().unwrap().to_string();
+        }
+    };
+    let ca_file = path_str(&ca.ca);
+    let trust = ["--cacert", ca_file.as_str()];
+    assert_eq!(
+        https(&format!("https://127.0.0.1:{port}/v1/status"), &trust),
+        Some(200)
+    );
+    assert_eq!(
+        https(&format!("http://127.0.0.1:{port}/v1/status"), &[]),
+        None,
+        "no plain HTTP"
+    );
+    // Beyond loopback: neither a token nor a certificate, then a certificate of the CA.
+    let remote = format!("https://{ip}:{port}/v1/services");
+    assert_eq!(https(&remote, &trust), Some(401));
+    let (cert, key) = ca.issue("client");
+    let (cert, key) = (path_str(&cert), path_str(&key));
+    let with_cert = [&trust[..], &["--cert", &cert, "--key", &key]].concat();
+    assert_eq!(https(&remote, &with_cert), Some(200));
+    let (cert, key) = other.issue("stranger");
+    let (cert, key) = (path_str(&cert), path_str(&key));
+    let stranger = [&trust[..], &["--cert", &cert, "--key", &key]].concat();
+    assert_eq!(
+        https(&remote, &stranger),
+        None,
+        "a certificate of another CA is refused"
+    );
+    assert_eq!(https(&remote, &trust), Some(401), "and the agent still serves");
+}

@@ -46,6 +46,16 @@ impl TlsConfig {
     pub fn check(&self) -> Result<(), String> {
         Tls::load(self).map(drop)
     }
+
+    /// An acceptor for another listener of the same node (the agent's HTTP API): this
+    /// node's certificate, and a client certificate asked for and checked against the CA
+    /// when one is sent (a connection without one is the application's to judge).
+    ///
+    /// # Errors
+    /// As [`TlsConfig::check`].
+    pub fn acceptor(&self) -> Result<TlsAcceptor, String> {
+        Tls::load(self).map(|t| t.acceptor)
+    }
 }
 
 /// The acceptor and connector built from a [`TlsConfig`].
