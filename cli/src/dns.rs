@@ -21,6 +21,8 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::ServerFuture;
 use tokio::net::{TcpListener, UdpSocket};
 
+/// How many ports a bind to port 0 tries for one free on both TCP and UDP.
+const BIND_TRIES: usize = 16;
 /// How long a TCP client may take to send its query.
 const TCP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most records of one kind in an answer (a UDP answer that does not fit is truncated
@@ -59,7 +61,8 @@ pub struct Sockets {
 }
 
 impl Sockets {
-    /// Binds UDP and TCP on `addr` (port 0: the one UDP got).
+    /// Binds TCP and UDP on `addr`. With port 0, a port free for both: TCP picks one, and
+    /// when UDP cannot have it too (it is another socket's), TCP picks again.
     ///
     /// # Errors
     /// One line naming the address and what to do.
@@ -67,10 +70,19 @@ impl Sockets {
         let fail = |e: std::io::Error| {
             format!("cannot listen for DNS on {addr}: {e}; pick another --dns-listen address")
         };
-        let udp = UdpSocket::bind(addr).await.map_err(fail)?;
-        let at = udp.local_addr().map_err(fail)?;
-        let tcp = TcpListener::bind(at).await.map_err(fail)?;
-        Ok(Self { udp, tcp })
+        let mut last = None;
+        for _ in 0..BIND_TRIES {
+            let tcp = TcpListener::bind(addr).await.map_err(fail)?;
+            let at = tcp.local_addr().map_err(fail)?;
+            match UdpSocket::bind(at).await {
+                Ok(udp) => return Ok(Self { udp, tcp }),
+                Err(e) if addr.ends_with(":0") => last = Some(e),
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Err(fail(
+            last.unwrap_or_else(|| std::io::Error::other("no free port")),
+        ))
     }
 
     /// Where they listen.
