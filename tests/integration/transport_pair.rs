@@ -320,3 +320,31 @@ fn a_node_that_leaves_removes_what_it_owns_at_its_peer_at_once() {
         "node 0 left the members"
     );
 }
+
+#[test]
+fn instances_whose_lease_ends_unrenewed_are_counted_as_lapsed() {
+    let cfg = Config {
+        member_lease_ttl_ms: 4_000,
+        lease_per_member_ms: 0,
+        ..config()
+    };
+    let mut pair = Pair::with(cfg);
+    pair.connect(1, 0);
+    pair.register(1, "p");
+    pair.run(1_000);
+    assert!(pair.shows(0, "p"));
+    assert_eq!(pair.nodes[0].counters().instances_lapsed, 0);
+    // A stop says goodbye: no death is written, the lease runs out at the peer.
+    let now = pair.now;
+    pair.nodes[1].stop(now);
+    pair.deliver(1);
+    pair.disconnect(1);
+    pair.run(3 * cfg.member_lease_ttl_ms);
+    assert!(!pair.shows(0, "p"));
+    assert!(
+        pair.nodes[0].counters().instances_lapsed >= 1,
+        "{:?}",
+        pair.nodes[0].counters()
+    );
+    assert_eq!(pair.nodes[0].counters().deaths_written, 0, "a lapse, not a death");
+}

@@ -231,6 +231,12 @@ impl Snapshot {
             "roster_deaths_refuted",
             "Times this node found itself written dead and renewed its lease.",
             p.deaths_refuted,
+        )?;
+        counter(
+            e,
+            "roster_instances_lapsed",
+            "Instances reads stopped showing because their lease ended without a renewal.",
+            p.instances_lapsed,
         )
     }
 

@@ -10,12 +10,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use roster_registry::{Health, Status};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::metrics::CheckLabels;
 use super::{Error, Node};
 use crate::check::{worst, Check, Outcome, Probe, Tally};
 use crate::store::OwnedRecord;
@@ -65,6 +68,7 @@ impl Node {
                 check: check.clone(),
                 tx: tx.clone(),
                 cancel: cancel.clone(),
+                results: self.inner.metrics.checks.clone(),
             };
             match check.probe {
                 Probe::Ttl => self.inner.tasks.spawn(feed.ttl(passes.subscribe())),
@@ -123,9 +127,25 @@ struct Feed {
     check: Check,
     tx: mpsc::Sender<(usize, Outcome, String)>,
     cancel: CancellationToken,
+    /// Results counted for `/metrics`.
+    results: Family<CheckLabels, Counter>,
 }
 
 impl Feed {
+    /// Counts a result (for `/metrics`) and hands it to the judge; false once nobody
+    /// listens.
+    async fn report(&self, outcome: Outcome, note: String) -> bool {
+        let label = match outcome {
+            Outcome::Pass => "pass",
+            Outcome::Warn => "warn",
+            Outcome::Fail => "fail",
+        };
+        self.results
+            .get_or_create(&[("kind", self.check.probe.kind()), ("outcome", label)])
+            .inc();
+        self.tx.send((self.index, outcome, note)).await.is_ok()
+    }
+
     /// Probes at once, then every interval.
     async fn probes(self) {
         let interval = Duration::from_millis(self.check.interval_ms);
@@ -136,7 +156,7 @@ impl Feed {
                 () = self.cancel.cancelled() => return,
                 r = probe(&self.check.probe, timeout) => r,
             };
-            if self.tx.send((self.index, outcome, note)).await.is_err() {
+            if !self.report(outcome, note).await {
                 return;
             }
             tokio::select! {
@@ -166,7 +186,7 @@ impl Feed {
                     (Outcome::Fail, format!("no pass within its TTL of {}", humantime::format_duration(ttl)))
                 }
             };
-            if self.tx.send((self.index, outcome, note)).await.is_err() {
+            if !self.report(outcome, note).await {
                 return;
             }
         }

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use roster_transport::driver::SnapshotObserver;
@@ -18,7 +20,13 @@ pub(crate) struct Metrics {
     pub save: Histogram,
     /// One snapshot of the replica published for readers.
     pub snapshot: Histogram,
+    /// Health check results, by the check's kind and the outcome.
+    pub checks: Family<CheckLabels, Counter>,
 }
+
+/// A check result's labels: its kind (`http`, `tcp`, `exec`, `ttl`) and outcome (`pass`,
+/// `warn`, `fail`).
+pub(crate) type CheckLabels = [(&'static str, &'static str); 2];
 
 /// 50 µs to about 13 s, each bucket four times the last.
 fn buckets() -> impl Iterator<Item = f64> {
@@ -30,6 +38,7 @@ impl Metrics {
         Self {
             save: Histogram::new(buckets()),
             snapshot: Histogram::new(buckets()),
+            checks: Family::default(),
         }
     }
 
@@ -41,10 +50,11 @@ impl Metrics {
 }
 
 impl Node {
-    /// Registers the node's latency histograms in `registry` (for a service's own
-    /// `/metrics`): `roster_save_seconds`, each save of the replica's changes to the data
-    /// directory, and `roster_snapshot_seconds`, each snapshot of the replica published
-    /// for readers. `roster agent` serves them on `GET /metrics` with its counters.
+    /// Registers the node's own metrics in `registry` (for a service's own `/metrics`):
+    /// `roster_save_seconds`, each save of the replica's changes to the data directory;
+    /// `roster_snapshot_seconds`, each snapshot of the replica published for readers;
+    /// `roster_check_results_total{kind, outcome}`, the results of the health checks this
+    /// node runs. `roster agent` serves them on `GET /metrics` with its counters.
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "roster_save_seconds",
@@ -55,6 +65,11 @@ impl Node {
             "roster_snapshot_seconds",
             "Time to publish a snapshot of the replica for readers",
             self.inner.metrics.snapshot.clone(),
+        );
+        registry.register(
+            "roster_check_results",
+            "Results of the health checks this node runs, by kind and outcome",
+            self.inner.metrics.checks.clone(),
         );
     }
 }

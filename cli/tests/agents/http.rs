@@ -569,6 +569,12 @@ fn metrics_are_in_prometheus_text_and_discovery_lists_the_passing_instances() {
     assert_eq!(web["__meta_roster_instance"], "web-1");
     assert_eq!(web["__meta_roster_meta_app_version"], "2");
     curl(&["-X", "PUT", &format!("{}/pass", inst("web-2"))]);
+    eventually("the pass is counted", || {
+        let m = curl(&[&format!("{h}/metrics")]).body;
+        m.lines()
+            .any(|l| l == "roster_check_results_total{kind=\"ttl\",outcome=\"pass\"} 1")
+            && m.lines().any(|l| l == "roster_instances_lapsed_total 0")
+    });
     let only_web = curl(&[&format!("{h}/v1/sd/prometheus?service=web")]).json();
     assert_eq!(only_web.as_array().unwrap().len(), 2, "{only_web}");
     assert_eq!(

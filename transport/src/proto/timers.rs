@@ -118,6 +118,7 @@ impl Node {
         }
         let lapsed = self.replica.lapsed(self.lapse_checked, now.wall_ms);
         self.lapse_checked = now.wall_ms;
+        self.counters.instances_lapsed += lapsed.len() as u64;
         self.emit_changes(lapsed, now);
     }
 

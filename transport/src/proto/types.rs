@@ -134,4 +134,6 @@ pub struct Counters {
     pub deaths_written: u64,
     /// Times this node found itself written dead and renewed its lease.
     pub deaths_refuted: u64,
+    /// Instances reads stopped showing because their lease ended (not renewed in time).
+    pub instances_lapsed: u64,
 }
