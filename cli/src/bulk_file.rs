@@ -38,10 +38,11 @@ struct RawLine {
     checks: Vec<RawCheck>,
 }
 
-/// One check of a line, with the names of the `--check-*` flags.
+/// One check of a line (or of an HTTP registration's body), with the names of the
+/// `--check-*` flags.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawCheck {
+pub struct RawCheck {
     http: Option<String>,
     tcp: Option<String>,
     exec: Option<String>,
@@ -55,7 +56,7 @@ struct RawCheck {
 
 impl RawCheck {
     /// The check, checked as the flags are.
-    fn check(self) -> Result<roster::check::Check, String> {
+    pub fn check(self) -> Result<roster::check::Check, String> {
         let kinds = [&self.http, &self.tcp, &self.exec, &self.ttl];
         if kinds.iter().filter(|k| k.is_some()).count() != 1 {
             return Err("a check names exactly one of \"http\", \"tcp\", \"exec\" or \"ttl\"".to_string());

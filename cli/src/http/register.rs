@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
-use roster::check::{Check, Probe, DEFAULT_CHECK_INTERVAL, DEFAULT_FAILURES, DEFAULT_SUCCESSES};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -16,6 +15,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::params::{self, Params};
 use super::App;
+use crate::bulk_file::RawCheck;
 
 /// The largest request body taken (a registration with its metadata and checks).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -32,23 +32,9 @@ struct RegisterBody {
     meta: BTreeMap<String, String>,
     /// End it after this long without another registration (`30s`); none: never.
     ttl: Option<String>,
+    /// As in a `roster register --from-file` line.
     #[serde(default)]
-    checks: Vec<CheckBody>,
-}
-
-/// One health check: one of `http`, `tcp`, `exec` or `ttl`, and its timing.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CheckBody {
-    http: Option<String>,
-    tcp: Option<String>,
-    exec: Option<Vec<String>>,
-    ttl: Option<String>,
-    interval: Option<String>,
-    timeout: Option<String>,
-    failures: Option<u32>,
-    successes: Option<u32>,
-    deregister_critical_after: Option<String>,
+    checks: Vec<RawCheck>,
 }
 
 /// The body, read within [`BODY_TIMEOUT`] and [`MAX_BODY`], as JSON of `T`.
@@ -89,51 +75,6 @@ fn duration(field: &str, v: &str) -> Result<Duration, ApiError> {
         .map_err(|e| ApiError::invalid(format!("{field} {v:?} is not a duration (e.g. 30s): {e}")))
 }
 
-impl CheckBody {
-    fn check(self) -> Result<Check, ApiError> {
-        let mut probes = Vec::new();
-        probes.extend(self.http.map(Probe::Http));
-        probes.extend(self.tcp.map(Probe::Tcp));
-        probes.extend(self.exec.map(Probe::Exec));
-        let ttl = self
-            .ttl
-            .as_deref()
-            .map(|t| duration("a check's ttl", t))
-            .transpose()?;
-        probes.extend(ttl.map(|_| Probe::Ttl));
-        let [probe] = <[Probe; 1]>::try_from(probes)
-            .map_err(|_| ApiError::invalid("a check has exactly one of http, tcp, exec and ttl"))?;
-        let interval = match (&self.interval, ttl) {
-            (Some(i), _) => duration("a check's interval", i)?,
-            (None, Some(t)) => t,
-            (None, None) => DEFAULT_CHECK_INTERVAL,
-        };
-        let timeout = match &self.timeout {
-            Some(t) => duration("a check's timeout", t)?,
-            None => interval / 2,
-        };
-        let after = self
-            .deregister_critical_after
-            .as_deref()
-            .map(|d| duration("deregister_critical_after", d))
-            .transpose()?;
-        let c = Check {
-            probe,
-            interval_ms: millis(interval),
-            timeout_ms: millis(timeout),
-            successes: self.successes.unwrap_or(DEFAULT_SUCCESSES),
-            failures: self.failures.unwrap_or(DEFAULT_FAILURES),
-            deregister_after_ms: after.map(millis),
-        };
-        c.validate(true).map_err(ApiError::invalid)?;
-        Ok(c)
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// The service a body describes.
 fn service(name: &str, id: Option<&str>, body: RegisterBody) -> Result<roster::Service, ApiError> {
     let mut s = roster::Service::new(name, body.address);
@@ -147,7 +88,7 @@ fn service(name: &str, id: Option<&str>, body: RegisterBody) -> Result<roster::S
         s = s.ttl(duration("ttl", &t)?);
     }
     for c in body.checks {
-        s = s.check(c.check()?);
+        s = s.check(c.check().map_err(ApiError::invalid)?);
     }
     Ok(s)
 }

@@ -382,6 +382,11 @@ fn bad_http_input_is_refused_clearly_and_the_agent_keeps_serving() {
             400,
             "exactly one",
         ),
+        (
+            r#"{"address": "10.0.0.7:80", "checks": [{"exec": "true --quiet"}]}"#,
+            400,
+            "--enable-exec-checks",
+        ),
     ] {
         let r = put(&inst, body);
         assert_eq!(r.error(code), "invalid", "{body}");
