@@ -124,6 +124,18 @@ pub struct AgentArgs {
 /// The longest TTL a DNS answer may carry.
 const MAX_DNS_TTL: Duration = Duration::from_secs(3600);
 
+/// `--dns-domain` and `--dns-ttl`, checked.
+fn dns_config(domain: Option<String>, ttl: Option<Duration>) -> Result<crate::dns::DnsConfig, Fail> {
+    let domain = crate::dns::domain(domain.as_deref().unwrap_or("roster")).map_err(Fail::usage)?;
+    let ttl = ttl.unwrap_or(Duration::ZERO);
+    if ttl > MAX_DNS_TTL {
+        return Err(Fail::usage(format!(
+            "--dns-ttl {ttl:?} is over 1h; answers older than that mislead"
+        )));
+    }
+    Ok(crate::dns::DnsConfig { domain, ttl })
+}
+
 /// Where the HTTP API listens unless told.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7421";
 
@@ -208,13 +220,13 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
             crate::http::spawn(node.clone(), listener, tokens, stop_http.clone()),
         )
     });
-    let dns = dns.and_then(|sockets| {
+    let dns = dns.map(|sockets| {
         let addr = sockets.local_addr();
-        let config = settings.dns.clone()?;
-        Some((
+        let config = settings.dns.clone();
+        (
             addr,
             crate::dns::spawn(node.clone(), sockets, config, stop_http.clone()),
-        ))
+        )
     });
     settings.announce(
         &node,
@@ -273,7 +285,7 @@ struct Settings {
     http_require_token: bool,
     /// `None`: off.
     dns_listen: Option<String>,
-    dns: Option<crate::dns::DnsConfig>,
+    dns: crate::dns::DnsConfig,
 }
 
 impl Settings {
@@ -343,24 +355,10 @@ impl Settings {
             http_token_file: args.http_token_file.or(file.http_token_file),
             http_require_token: args.http_require_token || file.http_require_token.unwrap_or(false),
             dns_listen: args.dns_listen.or(file.dns_listen).filter(|a| a.trim() != "off"),
-            dns: Some(crate::dns::DnsConfig {
-                domain: crate::dns::domain(
-                    &args
-                        .dns_domain
-                        .or(file.dns_domain)
-                        .unwrap_or_else(|| "roster".into()),
-                )
-                .map_err(Fail::usage)?,
-                ttl: match duration(args.dns_ttl, "dns-ttl", file.dns_ttl)? {
-                    Some(t) if t > MAX_DNS_TTL => {
-                        return Err(Fail::usage(format!(
-                            "--dns-ttl {t:?} is over 1h; answers older than that mislead"
-                        )))
-                    }
-                    Some(t) => t,
-                    None => Duration::ZERO,
-                },
-            }),
+            dns: dns_config(
+                args.dns_domain.or(file.dns_domain),
+                duration(args.dns_ttl, "dns-ttl", file.dns_ttl)?,
+            )?,
         })
     }
 
@@ -485,8 +483,8 @@ impl Settings {
             ),
             None => println!("HTTP API off"),
         }
-        if let (Some(a), Some(c)) = (dns, &self.dns) {
-            println!("DNS on {a} (udp and tcp) for {}", c.domain);
+        if let Some(a) = dns {
+            println!("DNS on {a} (udp and tcp) for {}", self.dns.domain);
         }
         println!("data in {}", self.data_dir.display());
         if self.join.is_empty() {
