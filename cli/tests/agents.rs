@@ -104,14 +104,7 @@ impl Agent {
             });
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = lines_of(stdout);
         let deadline = Instant::now() + Duration::from_secs(10);
         let url = loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -226,14 +219,7 @@ impl Watcher {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = lines_of(stdout);
         Watcher { child, lines: rx }
     }
 
@@ -271,6 +257,19 @@ fn roster(args: &[&str]) -> Output {
         .env_remove("ROSTER_CLUSTER_SECRET_FILE")
         .output()
         .unwrap()
+}
+
+/// The lines a child prints on stdout, as they come.
+fn lines_of(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 fn text(b: &[u8]) -> String {

@@ -383,13 +383,11 @@ fn outside_address() -> Option<std::net::IpAddr> {
     (!ip.is_loopback()).then_some(ip)
 }
 
-#[test]
-fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
-    let ip = outside_address().expect("this test needs an address other than loopback");
-    let root = tempfile::tempdir().unwrap();
-    let ca = TestCa::new(root.path(), "cluster");
-    let secret = path_str(&secret_file(root.path(), "secret", STRONG_SECRET));
-    let dir = root.path().join("a");
+/// An agent on 0.0.0.0 with a secret and a certificate of `ca` naming its node and `ip`,
+/// and the path of its secret file.
+fn remote_tls_agent(root: &Path, ca: &TestCa, ip: std::net::IpAddr, extra: &[&str]) -> (Agent, String) {
+    let secret = path_str(&secret_file(root, "secret", STRONG_SECRET));
+    let dir = root.join("a");
     let flags = [
         ca.node_flags_with(&dir, "a", &[ip.to_string()]),
         [
@@ -402,7 +400,16 @@ fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
         .to_vec(),
     ]
     .concat();
-    let a = Agent::start_on(&dir, "a", "0.0.0.0:0", &strs(&flags));
+    let a = Agent::start_on(&dir, "a", "0.0.0.0:0", &[&strs(&flags)[..], extra].concat());
+    (a, secret)
+}
+
+#[test]
+fn a_client_not_on_loopback_must_show_a_client_certificate_to_a_tls_agent() {
+    let ip = outside_address().expect("this test needs an address other than loopback");
+    let root = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(root.path(), "cluster");
+    let (a, secret) = remote_tls_agent(root.path(), &ca, ip, &[]);
     let url = format!("wss://{ip}:{}", a.port);
     let ca_file = path_str(&ca.ca);
     let base = [
@@ -464,26 +471,7 @@ fn the_http_api_serves_https_with_the_agents_tls_files_and_a_client_certificate_
     let root = tempfile::tempdir().unwrap();
     let ca = TestCa::new(root.path(), "cluster");
     let other = TestCa::new(root.path(), "other");
-    let secret = path_str(&secret_file(root.path(), "secret", STRONG_SECRET));
-    let dir = root.path().join("a");
-    let flags = [
-        ca.node_flags_with(&dir, "a", &[ip.to_string()]),
-        [
-            "--cluster-secret-file",
-            &secret,
-            "--advertise",
-            "wss://127.0.0.1:9",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ]
-    .concat();
-    let a = Agent::start_on(
-        &dir,
-        "a",
-        "0.0.0.0:0",
-        &[&strs(&flags)[..], &["--http-listen", "0.0.0.0:0"]].concat(),
-    );
+    let (a, _) = remote_tls_agent(root.path(), &ca, ip, &["--http-listen", "0.0.0.0:0"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let port = loop {
         let line = a
