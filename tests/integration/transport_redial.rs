@@ -151,3 +151,62 @@ fn without_dial_slot_ms_a_hanging_dial_holds_its_slot_until_it_ends() {
     node.handle_timeout(now);
     assert_eq!(dials(&mut node).len(), 1, "its end frees the slot");
 }
+
+#[test]
+fn a_node_left_alone_does_not_dial_a_peer_and_the_seed_at_its_address_together() {
+    // Node 1 joined through node 2's address. The link dies and node 2's lease ends at
+    // node 1 (a cut that outlived it): alone, node 1 dials its lost peers and its seeds,
+    // and here both are node 2. One dial on the way to an address is enough.
+    let cfg = config();
+    let other = Node::new(info(2), Replica::new(ReplicaId(2)), vec![], cfg, 2, T0).unwrap();
+    let lease_ends = other.replica().lease_of(ReplicaId(2)).unwrap().deadline_ms();
+    let mut replica = Replica::new(ReplicaId(1));
+    replica.apply(other.replica().state().clone(), T0);
+    let mut node = Node::new(info(1), replica, vec![url(2)], cfg, 1, T0).unwrap();
+    let mut now = T0;
+    node.handle_timeout(now);
+    let _ = node_dials(&mut node);
+    assert!(node.handle_connected(7, &info(2), true, Some(&url(2)), now));
+    // Connected past a reconnect round (it notes where members stand); then the link dies,
+    // and every dial fails until node 2's lease has ended.
+    while now < T0 + 40_000 {
+        now += 250;
+        node.handle_timeout(now);
+        let _ = node_dials(&mut node);
+    }
+    node.handle_dead_link(7, now);
+    while now < lease_ends + cfg.expire_grace_ms {
+        now += 250;
+        node.handle_timeout(now);
+        for target in node_dials(&mut node) {
+            node.handle_dial_failed(&target, Failure::Network, now);
+        }
+    }
+    assert!(node.members(now).is_empty(), "node 2 is no longer a member");
+    // Alone: the dials from here on hang (a silent cut); none goes out while another to
+    // the same address is on its way.
+    let mut hanging = Vec::new();
+    for _ in 0..240 {
+        now += 250;
+        node.handle_timeout(now);
+        hanging.extend(node_dials(&mut node));
+    }
+    let to_2 = hanging
+        .iter()
+        .filter(
+            |t| matches!(t, DialTarget::Peer { url: u, .. } | DialTarget::Seed { url: u } if *u == url(2)),
+        )
+        .count();
+    assert_eq!(to_2, 1, "dials to node 2's address while one hangs: {hanging:?}");
+}
+
+/// Every dial node 1 asks for, draining its outputs.
+fn node_dials(node: &mut Node) -> Vec<DialTarget> {
+    let mut out = Vec::new();
+    while let Some(o) = node.poll_output() {
+        if let Output::Dial(t) = o {
+            out.push(t);
+        }
+    }
+    out
+}

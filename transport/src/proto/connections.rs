@@ -112,6 +112,8 @@ impl Node {
             .filter(|(id, _, _)| !connected.contains(id))
             // An old identity at our own address (a restart that lost its data) is us.
             .filter(|(_, url, _)| *url != self.me.url)
+            // A seed dial on its way to that address will reach it (see `dial_seeds`).
+            .filter(|(_, url, _)| self.seeds.get(url).is_none_or(|s| s.dialing.is_none()))
             .filter(|(id, _, _)| {
                 self.peers
                     .get(id)
@@ -152,10 +154,19 @@ impl Node {
     /// backoff: any of them when `alone`, else only those not reached yet at which no node
     /// in `known_urls` stands.
     fn dial_seeds(&mut self, alone: bool, known_urls: &BTreeSet<String>, mut room: usize, now: Now) {
+        // Not a seed that a dial of its node is already on the way to: alone after a cut,
+        // a node dialed a lost peer and, in the same round, the seed at its address (two
+        // connections to one peer; a Jepsen run).
+        let dialing: BTreeSet<&String> = self
+            .peers
+            .values()
+            .filter(|p| p.dialing.is_some())
+            .filter_map(|p| p.url.as_ref())
+            .collect();
         let mut ready: Vec<String> = self
             .seeds
             .iter()
-            .filter(|(_, s)| s.dialing.is_none() && s.backoff.ready(now.mono_ms))
+            .filter(|(u, s)| s.dialing.is_none() && s.backoff.ready(now.mono_ms) && !dialing.contains(u))
             .map(|(u, _)| u.clone())
             .filter(|u| {
                 alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
@@ -202,6 +213,7 @@ impl Node {
                     .get(id)
                     .is_some_and(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms))
             })
+            .filter(|(_, url)| self.seeds.get(url).is_none_or(|s| s.dialing.is_none()))
             .collect();
         if lost.is_empty() {
             return;
