@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import struct
@@ -169,6 +170,7 @@ def main():
         for p in procs:
             p.kill()
             p.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,21 +13,23 @@ fn the_agent_tells_systemd_it_is_ready_once_it_serves_and_that_it_is_stopping() 
     let socket = root.path().join("notify");
     let systemd = UnixDatagram::bind(&socket).unwrap();
     systemd.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-        .arg("--data-dir")
-        .arg(root.path().join("d"))
-        .env("NOTIFY_SOCKET", &socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        Command::new(BIN)
+            .args(["agent", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(root.path().join("d"))
+            .env("NOTIFY_SOCKET", &socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut buf = [0u8; 256];
     let n = systemd.recv(&mut buf).expect("READY=1 within 15 s");
     assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
     // Ready means serving: what the agent printed by then names a live HTTP API.
     let mut printed = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
     while !printed.contains("HTTP API on ") {
         out.read_line(&mut printed).unwrap();
     }
@@ -42,12 +44,22 @@ fn the_agent_tells_systemd_it_is_ready_once_it_serves_and_that_it_is_stopping() 
         .unwrap();
     assert!(status.status.success(), "{}", text(&status.stderr));
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     let n = systemd.recv(&mut buf).expect("STOPPING=1 after SIGTERM");
     assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
-    assert!(child.wait().unwrap().success());
+    assert!(child.0.wait().unwrap().success());
+}
+
+/// A child killed (by its pid) and reaped when dropped, the test failing first or not.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
