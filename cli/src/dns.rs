@@ -186,12 +186,15 @@ impl Dns {
     }
 
     fn service(&self, name: &Name, service: &str, qtype: RecordType) -> Answer {
-        if roster::registry::ServiceName::new(service).is_err() || self.node.lookup_all(service).is_empty() {
+        // One read: every live instance says whether the name exists; the passing ones answer.
+        let live = match roster::registry::ServiceName::new(service) {
+            Ok(_) => self.node.lookup_all(service),
+            Err(_) => Vec::new(),
+        };
+        if live.is_empty() {
             return Answer::code(ResponseCode::NXDomain);
         }
-        let passing: Vec<(Host, u16)> = self
-            .node
-            .lookup(service)
+        let passing: Vec<(Host, u16)> = live
             .into_iter()
             .filter(|i| i.status.as_str() == "passing")
             .filter_map(|i| host_port(&i.address))

@@ -212,7 +212,6 @@ struct Watcher {
 impl Watcher {
     fn start(agent: &Agent, service: &str) -> Watcher {
         let mut child = Command::new(BIN)
-            .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
             .args(["watch", service, "--json", "--agent", &agent.url])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -197,7 +197,6 @@ fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     // ROSTER_AGENT is the flag's variable.
     let out = Command::new(BIN)
-        .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .args(["ls"])
         .env("ROSTER_AGENT", &url)
         .output()
