@@ -33,6 +33,9 @@ mod transport_sim;
 /// Pushes and acknowledgements in the simulator.
 mod transport_pushes;
 
+/// Changes on per-origin trees: copies per node against the flood, holes repaired.
+mod transport_trees;
+
 /// Two nodes driven message by message: acknowledgements across a peer's connections,
 /// and dialing a peer again after losing it.
 mod transport_pair;

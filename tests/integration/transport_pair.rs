@@ -142,7 +142,7 @@ fn a_delta_lost_with_a_closed_connection_is_sent_again_on_the_next_one() {
     pair.nodes[0].handle_timeout(pair.now);
     let lost = pair.sent(0);
     assert!(
-        lost.iter().any(|(c, e)| *c == 1 && e.message.kind() == "delta"),
+        lost.iter().any(|(c, e)| *c == 1 && e.message.carries_delta()),
         "the write went on connection 1: {:?}",
         lost.iter()
             .map(|(c, e)| (c, e.message.kind()))
@@ -275,7 +275,7 @@ fn a_stopped_node_pushes_what_is_pending_and_its_peer_keeps_the_rest_within_the_
     let kinds: Vec<&str> = pair.sent(0).iter().map(|(_, e)| e.message.kind()).collect();
     assert_eq!(
         kinds,
-        vec!["delta", "goodbye"],
+        vec!["push", "goodbye"],
         "the pending changes, then goodbye"
     );
     let mut pair = pair_with_pending_changes();

@@ -13,10 +13,12 @@
 //! (1.8 MB per node); encoded, it is about 150 KB. Reading one back costs a decode, about
 //! what the clone it replaces cost.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use roster_registry::codec::{decode_state, encode_state};
 use roster_registry::{CausalContext, ReplicaId, State};
+
+use crate::message::{ChangeId, Tagged};
 
 /// One buffered delta, encoded, and the peer it came from (never sent back to it).
 #[derive(Debug, Clone)]
@@ -25,7 +27,42 @@ struct Entry {
     origin: Option<ReplicaId>,
     /// Its registrations and leases, so the size of a join is known before it is made.
     entries: usize,
+    /// The changes it carries, by name, when it travels on the trees (empty: it floods,
+    /// as what a full sync taught does).
+    tags: Box<[Tagged]>,
     delta: Box<[u8]>,
+}
+
+/// Who buffered deltas are for: a peer, never sent what it sent us, and the roots whose
+/// changes it is not pushed (it is off their trees here: they are announced to it).
+#[derive(Debug, Clone, Copy)]
+pub struct Recipient<'a> {
+    /// The peer.
+    pub peer: ReplicaId,
+    /// The roots held back from it.
+    pub held: Option<&'a BTreeSet<ReplicaId>>,
+}
+
+impl From<ReplicaId> for Recipient<'_> {
+    fn from(peer: ReplicaId) -> Self {
+        Recipient { peer, held: None }
+    }
+}
+
+impl Recipient<'_> {
+    /// Whether `e` goes to this recipient: not learnt from it, and not held back (a delta
+    /// that names no change, or one of a root not held back, goes).
+    fn wants(&self, e: &Entry) -> bool {
+        e.origin != Some(self.peer) && !self.holds(e)
+    }
+
+    /// Whether `e` is held back from it: every change it names is of a root held back.
+    fn holds(&self, e: &Entry) -> bool {
+        match self.held {
+            Some(h) if !e.tags.is_empty() => e.tags.iter().all(|t| h.contains(&t.id.root)),
+            _ => false,
+        }
+    }
 }
 
 impl Entry {
@@ -71,6 +108,11 @@ impl DeltaBuffer {
 
     /// Appends a delta learnt from `origin` (or made here, `None`); returns its number.
     pub fn push(&mut self, origin: Option<ReplicaId>, delta: State) -> u64 {
+        self.push_tagged(origin, delta, Vec::new())
+    }
+
+    /// [`DeltaBuffer::push`] for a delta carrying the named changes.
+    pub fn push_tagged(&mut self, origin: Option<ReplicaId>, delta: State, tags: Vec<Tagged>) -> u64 {
         self.head += 1;
         // Make room first: the deque never holds more than `capacity`, so it never grows
         // to twice that.
@@ -81,6 +123,7 @@ impl DeltaBuffer {
             seq: self.head,
             origin,
             entries: delta.registration_count() + delta.lease_count(),
+            tags: tags.into_boxed_slice(),
             delta: encode_state(&delta).into_boxed_slice(),
         });
         // `after` finds an entry by its distance from the first: numbers without gaps.
@@ -107,10 +150,11 @@ impl DeltaBuffer {
     /// join), leaving out those learnt from `exclude`: the greatest such number, the head
     /// when all of it fits; `None` when the first delta alone holds more. Known without
     /// decoding or joining anything.
-    pub fn fits_until(&self, acked: u64, exclude: ReplicaId, max: usize) -> Option<u64> {
+    pub fn fits_until<'a>(&self, acked: u64, to: impl Into<Recipient<'a>>, max: usize) -> Option<u64> {
+        let to = to.into();
         let (mut sum, mut last) = (0, acked);
         for e in self.after(acked) {
-            if e.origin != Some(exclude) {
+            if to.wants(e) {
                 if sum + e.entries > max {
                     return (last > acked).then_some(last);
                 }
@@ -134,8 +178,8 @@ impl DeltaBuffer {
 
     /// The join of the deltas after `acked`, leaving out those learnt from `exclude`;
     /// `None` when there is nothing to send. The caller checks [`DeltaBuffer::covers`].
-    pub fn since(&self, acked: u64, exclude: ReplicaId) -> Option<State> {
-        self.since_for(acked, exclude, None)
+    pub fn since<'a>(&self, acked: u64, to: impl Into<Recipient<'a>>) -> Option<State> {
+        self.since_for(acked, to, None)
     }
 
     /// [`DeltaBuffer::since`], each delta trimmed for a peer that has seen `seen`
@@ -143,8 +187,13 @@ impl DeltaBuffer {
     /// hints of only those that remove something, where trimming their join would keep
     /// the hints of all (a thousand registrations the peer already has would still name a
     /// thousand keys).
-    pub fn since_for(&self, acked: u64, exclude: ReplicaId, seen: Option<&CausalContext>) -> Option<State> {
-        self.between_for(acked, self.head, exclude, seen)
+    pub fn since_for<'a>(
+        &self,
+        acked: u64,
+        to: impl Into<Recipient<'a>>,
+        seen: Option<&CausalContext>,
+    ) -> Option<State> {
+        self.between_for(acked, self.head, to, seen)
     }
 
     /// How many entries (registrations and leases) the deltas after `acked` up to `until`
@@ -160,30 +209,62 @@ impl DeltaBuffer {
     /// there is exactly one: it can be sent as buffered, without a decode, a join and an
     /// encode. Most pushes carry one delta; decoding and re-encoding it for every peer was
     /// a sixth of a writer's CPU at 5,000 changes a second.
-    pub fn single_between(&self, acked: u64, until: u64, exclude: ReplicaId) -> Option<&[u8]> {
-        let mut wanted = self
-            .after(acked)
-            .filter(|e| e.seq <= until && e.origin != Some(exclude));
+    pub fn single_between<'a>(&self, acked: u64, until: u64, to: impl Into<Recipient<'a>>) -> Option<&[u8]> {
+        let to = to.into();
+        let mut wanted = self.after(acked).filter(|e| e.seq <= until && to.wants(e));
         let one = wanted.next()?;
         wanted.next().is_none().then_some(&one.delta[..])
     }
 
     /// [`DeltaBuffer::since_for`], up to `until` (see [`DeltaBuffer::fits_until`]).
-    pub fn between_for(
+    pub fn between_for<'a>(
         &self,
         acked: u64,
         until: u64,
-        exclude: ReplicaId,
+        to: impl Into<Recipient<'a>>,
         seen: Option<&CausalContext>,
     ) -> Option<State> {
+        let to = to.into();
         let mut out: Option<State> = None;
-        let wanted = |e: &&Entry| e.seq <= until && e.origin != Some(exclude);
+        let wanted = |e: &&Entry| e.seq <= until && to.wants(e);
         for e in self.after(acked).filter(wanted) {
             let delta = match seen {
                 Some(c) => e.delta().trimmed_for(c),
                 None => e.delta(),
             };
             out.get_or_insert_with(State::new_delta).join(delta);
+        }
+        out
+    }
+
+    /// The changes the deltas after `acked` up to `until` carry to `to`: those it is sent
+    /// (`held` false), or those held back from it, to announce (`held` true).
+    pub fn tags_between<'a>(
+        &self,
+        acked: u64,
+        until: u64,
+        to: impl Into<Recipient<'a>>,
+        held: bool,
+    ) -> Vec<Tagged> {
+        let to = to.into();
+        self.after(acked)
+            .filter(|e| e.seq <= until && e.origin != Some(to.peer) && to.holds(e) == held)
+            .flat_map(|e| e.tags.iter().copied())
+            .collect()
+    }
+
+    /// The join of the buffered deltas that carry any of `ids`, and the changes they
+    /// carry (to answer a graft); `None` when none is held any more.
+    pub fn carrying(&self, ids: &BTreeSet<ChangeId>) -> Option<(State, Vec<Tagged>)> {
+        let mut out: Option<(State, Vec<Tagged>)> = None;
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.tags.iter().any(|t| ids.contains(&t.id)))
+        {
+            let (state, tags) = out.get_or_insert_with(|| (State::new_delta(), Vec::new()));
+            state.join(e.delta());
+            tags.extend(e.tags.iter().copied());
         }
         out
     }

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks (2: the listener proves the cluster secret only
 /// after the dialer has, in the handshake's welcome; 3: one lease per node, registry
-/// format 2; 4: registrations carry a status, registry format 3).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// format 2; 4: registrations carry a status, registry format 3; 5: pushes on per-origin
+/// trees, with announcements, grafts and prunes).
+pub const PROTOCOL_VERSION: u16 = 5;
 /// The most entries (registrations plus leases) one delta may carry.
 pub const MAX_DELTA_ENTRIES: usize = 65_536;
 /// The most entries one full (elided) state may carry.
@@ -22,6 +23,29 @@ pub const MAX_REASON_LEN: usize = 256;
 pub const MAX_REDIRECT_URLS: usize = 8;
 /// The longest URL a redirect may carry, in bytes.
 pub const MAX_URL_LEN: usize = 256;
+/// The most change ids one push, announcement or graft may carry, and the most roots one
+/// prune may name.
+pub const MAX_TREE_IDS: usize = 4_096;
+
+/// A change's name on the dissemination trees: the node that wrote it (the root of the
+/// tree it travels on) and that node's clock when it did. Its clock never goes back and
+/// ticks for every write, so a name is never reused, across restarts too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ChangeId {
+    /// The node that wrote it.
+    pub root: roster_registry::ReplicaId,
+    /// Its clock at the write.
+    pub at: Hlc,
+}
+
+/// A change id and how many links it crossed to reach the sender (0 at its root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tagged {
+    /// The change.
+    pub id: ChangeId,
+    /// Links crossed from its root to the sender.
+    pub hops: u16,
+}
 
 /// One message between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +121,38 @@ pub enum Message {
         /// nothing arrives for a few seconds).
         connected: bool,
     },
+    /// A delta pushed on the trees: [`Message::Delta`] with the changes it carries named,
+    /// so a receiver can tell a copy it already had (and prune the link for their roots).
+    Push {
+        /// The sender's buffer number this brings the receiver up to, acknowledged like a
+        /// delta's; `None` for an answer to a graft, which is not acknowledged (it is sent
+        /// out of the buffer's order).
+        seq: Option<u64>,
+        /// The encoded delta.
+        delta: Vec<u8>,
+        /// The changes it carries, at most [`MAX_TREE_IDS`].
+        ids: Vec<Tagged>,
+        /// Sent before (a repair round's resend, or a graft's answer): a copy the receiver
+        /// already had is then no reason to prune.
+        resend: bool,
+    },
+    /// Changes the sender has and did not push on this link (it is off their trees here):
+    /// a receiver that lacks one grafts it after a timeout.
+    IHave {
+        /// The changes, at most [`MAX_TREE_IDS`].
+        ids: Vec<Tagged>,
+    },
+    /// Send these changes, and push their roots' changes on this link from now on.
+    Graft {
+        /// The changes missed, at most [`MAX_TREE_IDS`].
+        ids: Vec<ChangeId>,
+    },
+    /// A copy of these roots' changes arrived here by another link first: push them on
+    /// this link no more, announce them instead.
+    Prune {
+        /// The roots, at most [`MAX_TREE_IDS`].
+        roots: Vec<roster_registry::ReplicaId>,
+    },
 }
 
 /// A message with the sender's clock, so a receiver can refuse a peer whose clock runs
@@ -136,6 +192,14 @@ pub enum MessageError {
     /// A redirect carried too many or too long URLs.
     #[error("redirect with more than {MAX_REDIRECT_URLS} URLs or a URL longer than {MAX_URL_LEN} bytes")]
     RedirectTooLarge,
+    /// A push, announcement, graft or prune named too many changes or roots.
+    #[error("{kind} names {count} changes or roots, more than the {MAX_TREE_IDS} allowed")]
+    TooManyIds {
+        /// The message's kind.
+        kind: &'static str,
+        /// How many it named.
+        count: usize,
+    },
 }
 
 impl Envelope {
@@ -169,7 +233,14 @@ impl Envelope {
             {
                 return Err(MessageError::RedirectTooLarge);
             }
-            _ => {}
+            m => {
+                if let Some(count) = m.tree_ids().filter(|&c| c > MAX_TREE_IDS) {
+                    return Err(MessageError::TooManyIds {
+                        kind: m.kind(),
+                        count,
+                    });
+                }
+            }
         }
         Ok(env)
     }
@@ -189,6 +260,25 @@ impl Message {
             Message::DigestHash { .. } => "digest-hash",
             Message::ProbeReq { .. } => "probe-req",
             Message::ProbeAck { .. } => "probe-ack",
+            Message::Push { .. } => "push",
+            Message::IHave { .. } => "ihave",
+            Message::Graft { .. } => "graft",
+            Message::Prune { .. } => "prune",
+        }
+    }
+
+    /// Whether it carries deltas to join: a delta, or a push on the trees.
+    pub fn carries_delta(&self) -> bool {
+        matches!(self, Message::Delta { .. } | Message::Push { .. })
+    }
+
+    /// How many changes or roots a tree message names (`None` for the others).
+    pub fn tree_ids(&self) -> Option<usize> {
+        match self {
+            Message::Push { ids, .. } | Message::IHave { ids } => Some(ids.len()),
+            Message::Graft { ids } => Some(ids.len()),
+            Message::Prune { roots } => Some(roots.len()),
+            _ => None,
         }
     }
 
@@ -196,6 +286,7 @@ impl Message {
     pub fn seq(&self) -> Option<u64> {
         match self {
             Message::Delta { seq, .. } | Message::Elided { seq, .. } | Message::Ack { seq } => Some(*seq),
+            Message::Push { seq, .. } => *seq,
             _ => None,
         }
     }
@@ -344,6 +435,26 @@ mod tests {
         for garbage in [&[][..], &[0xff; 40][..], &[7, 40, 7][..]] {
             assert!(Envelope::decode(garbage).is_err());
         }
+    }
+
+    #[test]
+    fn a_tree_message_naming_too_many_changes_is_refused() {
+        let id = ChangeId {
+            root: roster_registry::ReplicaId(7),
+            at: Hlc::new(9, 0),
+        };
+        let env = |n| Envelope {
+            sent_at: Hlc::default(),
+            message: Message::Graft { ids: vec![id; n] },
+        };
+        assert!(Envelope::decode(&env(MAX_TREE_IDS).encode()).is_ok());
+        assert_eq!(
+            Envelope::decode(&env(MAX_TREE_IDS + 1).encode()),
+            Err(MessageError::TooManyIds {
+                kind: "graft",
+                count: MAX_TREE_IDS + 1
+            })
+        );
     }
 
     #[test]

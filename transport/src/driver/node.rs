@@ -295,7 +295,7 @@ impl NodeTask {
             ConnEvent::Message { conn, envelope } => {
                 let m = &envelope.message;
                 trace!(node, conn, seq = m.seq(), "received {}", m.kind());
-                let mutates = matches!(envelope.message, Message::Delta { .. } | Message::Elided { .. });
+                let mutates = m.carries_delta() || matches!(m, Message::Elided { .. });
                 let peer = self.node.peer_on(conn);
                 match self.node.handle_message(conn, envelope, now) {
                     Ok(()) => self.dirty |= mutates,

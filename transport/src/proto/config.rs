@@ -4,6 +4,18 @@ use roster_registry::Bounds;
 
 use crate::backoff::BackoffPolicy;
 
+/// How a change travels to every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dissemination {
+    /// On every connection to every peer that lacks it: each node receives it about once
+    /// per connection it holds.
+    Flood,
+    /// On per-origin trees (see `proto/tree.rs`): pushed on the links of its root's tree,
+    /// announced on the others, grafted where a tree has a hole. About one copy per node.
+    #[default]
+    Tree,
+}
+
 /// The protocol's knobs. Durations in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -12,8 +24,12 @@ pub struct Config {
     pub fanout: usize,
     /// The gossip tick (jittered ±25%).
     pub gossip_interval_ms: u64,
-    /// The digest exchange (jittered ±25%).
+    /// The anti-entropy exchange with a random member (jittered ±25%).
     pub digest_interval_ms: u64,
+    /// The least time between two dials of a member with no link for that exchange,
+    /// scaled up past 32 members (see `anti_entropy`); 0: members with no link are not
+    /// dialed for it.
+    pub sync_dial_interval_ms: u64,
     /// The least time between two pushes: the first new delta after a quiet spell goes at
     /// once (after the input that made it), later ones wait to be batched into one push.
     pub push_delay_ms: u64,
@@ -76,6 +92,16 @@ pub struct Config {
     pub dial: bool,
     /// The retry policy for dials.
     pub backoff: BackoffPolicy,
+    /// How changes travel: on trees, or flooded (kept to measure one against the other).
+    pub dissemination: Dissemination,
+    /// How long announcements of changes (on links off their trees) wait to go together.
+    pub announce_delay_ms: u64,
+    /// How long a change announced to us may take to arrive before we graft it from its
+    /// announcer: about a round trip and a push's spacing.
+    pub graft_timeout_ms: u64,
+    /// How long the graft of a change may take to bring it before the next announcer is
+    /// asked.
+    pub graft_retry_ms: u64,
 }
 
 impl Default for Config {
@@ -84,6 +110,8 @@ impl Default for Config {
             fanout: 2,
             gossip_interval_ms: 1_000,
             digest_interval_ms: 30_000,
+            // What the rotation of a link every 5 minutes cost, which it replaces.
+            sync_dial_interval_ms: 300_000,
             push_delay_ms: 2,
             push_rate: 200,
             push_burst: 20,
@@ -91,7 +119,12 @@ impl Default for Config {
             max_outbound: 2,
             dial_slot_ms: 1_000,
             max_inbound: 64,
-            rotate_interval_ms: 300_000,
+            // Never: links that last keep the trees that formed on them (a rotation every
+            // 5 minutes left every idle origin's tree gone before it wrote again, and each
+            // new link costs every root one more copy of its next change); links change
+            // on failure, and partitions heal by the anti-entropy exchange with random
+            // members.
+            rotate_interval_ms: 0,
             buffer_capacity: 1_024,
             member_lease_ttl_ms: 60_000,
             lease_per_member_ms: 24_000,
@@ -107,6 +140,10 @@ impl Default for Config {
             forget_lost_after_ms: 24 * 60 * 60 * 1000,
             dial: true,
             backoff: BackoffPolicy::default(),
+            dissemination: Dissemination::Tree,
+            announce_delay_ms: 5,
+            graft_timeout_ms: 80,
+            graft_retry_ms: 40,
         }
     }
 }

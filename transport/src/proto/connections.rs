@@ -47,10 +47,11 @@ impl Node {
     /// dials that still hold a slot (see `Config::dial_slot_ms`), and never more than
     /// twice the cap in flight.
     fn outbound_room(&self, now: Now) -> usize {
-        let open = self.conns.values().filter(|c| c.outbound).count();
+        let open = self.conns.values().filter(|c| c.outbound && !c.sync).count();
         let dials: Vec<u64> = self
             .peers
             .values()
+            .filter(|p| !p.sync_dial)
             .filter_map(|p| p.dialing)
             .chain(self.seeds.values().filter_map(|s| s.dialing))
             .collect();
@@ -257,7 +258,7 @@ impl Node {
         let outbound: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.outbound)
+            .filter(|(_, c)| c.outbound && !c.sync)
             .map(|(id, _)| *id)
             .collect();
         let others = self.members(now.wall_ms).len();
@@ -286,7 +287,7 @@ impl Node {
         else {
             return;
         };
-        let outbound = self.conns.values().filter(|c| c.outbound).count();
+        let outbound = self.conns.values().filter(|c| c.outbound && !c.sync).count();
         if self.members(now.wall_ms).len() <= outbound {
             return;
         }
@@ -324,6 +325,9 @@ impl Node {
                 p.last_seen_ms = now.wall_ms;
             }
         }
+        if last {
+            self.trees.forget_peer(c.peer);
+        }
         Some(c)
     }
 
@@ -336,6 +340,7 @@ impl Node {
             DialTarget::Peer { id, .. } => {
                 let p = self.peers.entry(*id).or_default();
                 p.dialing = None;
+                p.sync_dial = false;
                 p.clock_refused = failure == Failure::Clock;
                 if self.guarded {
                     p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
@@ -376,9 +381,11 @@ impl Node {
             }
             self.seeds_reached.insert(url.to_string());
         }
+        let mut sync = false;
         if let Some(p) = self.peers.get_mut(&peer.id) {
             p.dialing = None;
             p.clock_refused = false;
+            sync = outbound && std::mem::take(&mut p.sync_dial);
         }
         let inbound = self.conns.values().filter(|c| !c.outbound).count();
         let refuse = if peer.id == self.me.id {
@@ -398,6 +405,7 @@ impl Node {
                 opened_at: now.mono_ms,
                 seed: seed.map(str::to_string),
                 ack_owed: None,
+                sync,
             },
         );
         if let Some(reason) = refuse {
@@ -470,7 +478,7 @@ impl Node {
             return;
         };
         self.suspect(c.peer, silent, now);
-        if c.outbound {
+        if c.outbound && !c.sync {
             let draw = self.rng.random::<u64>();
             let policy = self.cfg.backoff;
             let p = self.peers.entry(c.peer).or_default();

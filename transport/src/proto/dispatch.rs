@@ -70,6 +70,15 @@ impl Node {
             Message::DigestHash { hash, state } => self.on_digest_hash(peer, hash, state, now),
             Message::ProbeReq { node } => self.on_probe_req(peer, node, now),
             Message::ProbeAck { node, connected } => self.on_probe_ack(node, connected),
+            Message::Push {
+                seq,
+                delta,
+                ids,
+                resend,
+            } => self.on_push(conn, peer, seq, &delta, ids, resend, now)?,
+            Message::IHave { ids } => self.on_ihave(peer, ids, now),
+            Message::Graft { ids } => self.on_graft(peer, ids, now),
+            Message::Prune { roots } => self.on_prune(peer, roots),
             Message::Goodbye { .. } => {
                 self.forget_conn(conn, now);
                 self.outputs.push_back(Output::Close {

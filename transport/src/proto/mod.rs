@@ -31,6 +31,8 @@ use crate::backoff::{Backoff, BackoffPolicy, Failure};
 use crate::buffer::DeltaBuffer;
 use crate::message::{self, Message};
 
+/// The anti-entropy exchange with random members.
+mod anti_entropy;
 /// Many owned registrations written in one delta.
 mod bulk;
 mod config;
@@ -49,6 +51,10 @@ mod sync;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
 mod timers;
+/// Per-origin dissemination trees: what a node knows of them.
+mod tree;
+/// What the node does with its trees: its writes named, pushes, announcements, grafts.
+mod tree_sync;
 mod types;
 
 pub use guard::CrashGuard;
@@ -57,7 +63,7 @@ pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
 use membership::{member_meta, member_provider, members_service};
 use ownership::Owned;
 
-pub use config::Config;
+pub use config::{Config, Dissemination};
 pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume, Resumed};
 
 pub use time::Now;
@@ -93,6 +99,8 @@ struct Conn {
     seed: Option<String>,
     /// The last delta number received and not acknowledged yet (see `ack_delay_ms`).
     ack_owed: Option<u64>,
+    /// Dialed for one anti-entropy exchange (see `anti_entropy`): no pushes, no slot.
+    sync: bool,
 }
 
 /// What we know of another node.
@@ -137,6 +145,8 @@ struct Peer {
     last_seen_ms: u64,
     /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).
     clock_refused: bool,
+    /// Its dial in flight is for an anti-entropy exchange.
+    sync_dial: bool,
     /// When its last failure was (a dial, a connection cut short, a link dead of silence;
     /// monotonic ms), in this process; `None` once a connection to it lived long enough
     /// to count as healthy. Free slots go to the peers that failed longest ago first.
@@ -190,10 +200,13 @@ pub struct Node {
     /// When the last push went out (`None`: never).
     pushed_at: Option<u64>,
     pacer: pacing::Pacer,
+    trees: tree::Trees,
     /// When the acknowledgements owed go out.
     ack_at: Option<u64>,
     gossip_at: u64,
     digest_at: u64,
+    /// When the last dial for an anti-entropy exchange went (monotonic ms).
+    sync_dial_at: Option<u64>,
     renew_at: u64,
     rotate_at: u64,
     reconnect_at: u64,
@@ -286,9 +299,11 @@ impl Node {
             push_at: None,
             pushed_at: None,
             pacer: pacing::Pacer::new(cfg.push_rate, cfg.push_burst, mono),
+            trees: tree::Trees::default(),
             ack_at: None,
             gossip_at,
             digest_at,
+            sync_dial_at: None,
             renew_at: mono,
             rotate_at,
             reconnect_at: mono + cfg.reconnect_interval_ms,
@@ -407,8 +422,7 @@ impl Node {
     /// their connections. Peers with no exchange yet on their connection (they catch up by
     /// digest instead) are not waited for; with none, `u64::MAX`.
     pub fn pushed_through(&self) -> u64 {
-        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        connected
+        self.linked_peers()
             .iter()
             .filter_map(|p| self.peers.get(p))
             .filter_map(|p| p.sent.max(p.acked))
@@ -426,9 +440,15 @@ impl Node {
         }
     }
 
-    /// The peers with an open connection, and whether we dialed it.
+    /// The peers with an open link, and whether we dialed it. A connection dialed for one
+    /// anti-entropy exchange (it lives two gossip rounds, and carries no pushes) is not a
+    /// link.
     pub fn connected(&self) -> Vec<(ReplicaId, bool)> {
-        self.conns.values().map(|c| (c.peer, c.outbound)).collect()
+        self.conns
+            .values()
+            .filter(|c| !c.sync)
+            .map(|c| (c.peer, c.outbound))
+            .collect()
     }
 
     /// Asks a connected peer for an anti-entropy round (a digest exchange) at once.
@@ -534,7 +554,7 @@ impl Node {
             self.owned.clear();
             if let Some(applied) = self.replica.deregister_all(now.wall_ms) {
                 farewell = Some(applied.delta.clone());
-                self.buffer.push(None, applied.delta);
+                self.buffer_own(applied.delta, now);
                 for c in applied.changes {
                     self.outputs.push_back(Output::Event(c));
                 }

@@ -75,7 +75,7 @@ impl Node {
     }
 
     pub(super) fn local_delta(&mut self, delta: State, changes: Vec<Change>, now: Now) {
-        self.buffer.push(None, delta);
+        self.buffer_own(delta, now);
         self.schedule_push(now);
         self.emit_changes(changes, now);
     }
@@ -124,7 +124,7 @@ impl Node {
                 since_ms: o.since_ms,
             };
             if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
-                self.buffer.push(None, applied.delta);
+                self.buffer_own(applied.delta, now);
                 self.schedule_push(now);
                 for c in applied.changes {
                     self.outputs.push_back(Output::Event(c));
@@ -140,7 +140,7 @@ impl Node {
             let stamp = self.clock.tick(now.wall_ms);
             let ttl = self.lease_ttl(now.wall_ms);
             if let Ok(applied) = self.replica.renew(ttl, stamp) {
-                self.buffer.push(None, applied.delta);
+                self.buffer_own(applied.delta, now);
                 self.schedule_push(now);
             }
             next = ttl / 2;

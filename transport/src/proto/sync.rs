@@ -6,7 +6,9 @@ use rand::RngExt;
 use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 
 use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
-use crate::message::{self, Envelope, Message, MAX_DELTA_ENTRIES};
+use crate::buffer::Recipient;
+use crate::message::{self, Envelope, Message, Tagged, MAX_DELTA_ENTRIES};
+use roster_registry::codec::encode_state;
 
 /// Unacknowledged deltas holding at most this many entries are resent at every repair
 /// round, as they always were; only more waits (`Config::resend_after_ms`).
@@ -20,12 +22,9 @@ impl Node {
     /// Up to `n` distinct random peers with an open connection, other than `except`.
     pub(super) fn random_connected(&mut self, n: usize, except: Option<ReplicaId>) -> Vec<ReplicaId> {
         let mut peers: Vec<ReplicaId> = self
-            .conns
-            .values()
-            .map(|c| c.peer)
-            .filter(|p| Some(*p) != except)
-            .collect::<BTreeSet<_>>()
+            .linked_peers()
             .into_iter()
+            .filter(|p| Some(*p) != except)
             .collect();
         let mut chosen = Vec::new();
         while chosen.len() < n && !peers.is_empty() {
@@ -40,8 +39,7 @@ impl Node {
         // Every connected peer that lacks it (the connections are few: about twice the
         // fanout), so a change floods the connection graph in milliseconds; a peer that
         // already has it forwards nothing, so the flood stops by itself.
-        let peers: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        for p in peers {
+        for p in self.linked_peers() {
             self.sync_peer(p, false, now);
         }
     }
@@ -83,7 +81,7 @@ impl Node {
         }
         match from {
             Some(a) if a >= head => {}
-            Some(a) if self.buffer.covers(a) => self.send_from_buffer(peer, a, acked, now),
+            Some(a) if self.buffer.covers(a) => self.send_from_buffer(peer, a, acked, repair, now),
             _ if repair => {
                 let paused = full_sent_at.is_some_and(|t| now.mono_ms < t + self.cfg.full_sync_pause_ms);
                 let digest = self.peers.get(&peer).and_then(|p| p.digest.clone());
@@ -100,41 +98,36 @@ impl Node {
     }
 
     /// Sends `peer` the buffered deltas after `a` (its acknowledgement `acked`, or the last
-    /// send), or the state when they are more than a delta may hold.
-    fn send_from_buffer(&mut self, peer: ReplicaId, a: u64, acked: Option<u64>, now: Now) {
+    /// send), or the state when they are more than a delta may hold. On the trees, what it
+    /// is held back from (off those roots' trees here) is announced instead; `repair` says
+    /// the deltas may have been sent before.
+    fn send_from_buffer(&mut self, peer: ReplicaId, a: u64, acked: Option<u64>, repair: bool, now: Now) {
         let head = self.buffer.head();
-        // Since the start of this process, to a peer whose digest says it has most
-        // of it already: only what it lacks, trimmed delta by delta.
-        let seen = self
-            .peers
-            .get(&peer)
-            .filter(|p| p.adopted)
-            .and_then(|p| p.digest.as_deref());
+        let held = if self.on_trees() {
+            self.trees.held_for(peer)
+        } else {
+            None
+        };
+        let to = Recipient { peer, held };
         // At most what a peer takes in one delta (a bulk load a new peer missed can
         // be more): the rest in the next push, numbered so its acknowledgement says how
         // far it got. Counted before joining anything: joining 100,000 entries per round
         // to find them too many kept an agent from answering for 30 s, and sending the
         // whole state instead, which the peer took seconds to join and acknowledge, made
         // it fall further behind.
-        let Some(until) = self.buffer.fits_until(a, peer, MAX_DELTA_ENTRIES) else {
+        let Some(until) = self.buffer.fits_until(a, to, MAX_DELTA_ENTRIES) else {
             // One buffered delta alone holds more: the state, elided.
             self.send_full_unless_in_flight(peer, now);
             return;
         };
-        // One delta, untrimmed, goes as it was buffered.
-        let single = seen
-            .is_none()
-            .then(|| self.buffer.single_between(a, until, peer))
-            .flatten()
-            .map(|bytes| Message::encoded_delta(until, bytes));
-        let message = single.or_else(|| {
-            self.buffer
-                .between_for(a, until, peer, seen)
-                .map(|delta| Message::delta(until, &delta))
-        });
+        let (message, announce) = self.buffered_message(peer, a, until, to, repair);
+        if !announce.is_empty() {
+            let due = now.mono_ms + self.cfg.announce_delay_ms;
+            self.trees.queue_announce(peer, announce, due);
+        }
         match message {
             Some(message) => self.send_to_peer(peer, message, now),
-            // Everything up to there was learnt from the peer itself.
+            // Everything up to there was learnt from the peer itself, or is announced.
             None if acked == Some(a) => {
                 if let Some(p) = self.peers.get_mut(&peer) {
                     p.acked = Some(until);
@@ -152,6 +145,52 @@ impl Node {
         if until < head {
             self.schedule_push(now);
         }
+    }
+
+    /// The message carrying the buffered deltas after `a` up to `until` to `to` (`None`
+    /// when none goes), and the changes held back from it, to announce: those not
+    /// announced yet (a resend's range was announced when first passed).
+    fn buffered_message(
+        &self,
+        peer: ReplicaId,
+        a: u64,
+        until: u64,
+        to: Recipient<'_>,
+        repair: bool,
+    ) -> (Option<Message>, Vec<Tagged>) {
+        // Since the start of this process, to a peer whose digest says it has most
+        // of it already: only what it lacks, trimmed delta by delta.
+        let seen = self
+            .peers
+            .get(&peer)
+            .filter(|p| p.adopted)
+            .and_then(|p| p.digest.as_deref());
+        let bytes = match seen {
+            // One delta, untrimmed, goes as it was buffered.
+            None => self.buffer.single_between(a, until, to).map(<[u8]>::to_vec),
+            Some(_) => None,
+        }
+        .or_else(|| {
+            self.buffer
+                .between_for(a, until, to, seen)
+                .map(|delta| encode_state(&delta))
+        });
+        if !self.on_trees() {
+            return (bytes.map(|b| Message::encoded_delta(until, &b)), Vec::new());
+        }
+        let sent = self.peers.get(&peer).and_then(|p| p.sent).unwrap_or(a);
+        let announce = self.buffer.tags_between(a.max(sent), until, to, true);
+        let ids = self.buffer.tags_between(a, until, to, false);
+        let message = bytes.map(|delta| match ids.is_empty() {
+            true => Message::encoded_delta(until, &delta),
+            false => Message::Push {
+                seq: Some(until),
+                delta,
+                ids,
+                resend: repair,
+            },
+        });
+        (message, announce)
     }
 
     /// A repair round sends `peer` again what it has not acknowledged: the next resend
@@ -242,6 +281,12 @@ impl Node {
     }
 
     pub(super) fn apply(&mut self, from: ReplicaId, delta: State, now: Now) {
+        self.apply_tagged(from, delta, Vec::new(), now);
+    }
+
+    /// [`Node::apply`] of a delta carrying the named changes (those new to us): what it
+    /// taught is buffered under their names, to travel on on their trees.
+    pub(super) fn apply_tagged(&mut self, from: ReplicaId, delta: State, tags: Vec<Tagged>, now: Now) {
         let (report, changes, learnt) = self
             .replica
             .apply_collecting(delta, now.wall_ms, MAX_FORWARD_DOTS);
@@ -250,7 +295,7 @@ impl Node {
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
-                    self.buffer.push(Some(from), delta);
+                    self.buffer.push_tagged(Some(from), delta, tags);
                     self.schedule_push(now);
                 }
                 None => self.learnt_out_of_band(now),

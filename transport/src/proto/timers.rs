@@ -57,6 +57,12 @@ impl Node {
         if let Some(s) = self.next_suspicion_deadline() {
             t = t.min(s);
         }
+        if let Some(a) = self.trees.announce_at {
+            t = t.min(a);
+        }
+        if let Some(g) = self.trees.next_graft_at() {
+            t = t.min(g);
+        }
         t
     }
 
@@ -74,6 +80,12 @@ impl Node {
             self.ack_at = None;
             self.send_acks(now);
         }
+        if self.trees.announce_at.is_some_and(|t| t <= mono) {
+            self.flush_announcements(now);
+        }
+        if self.trees.next_graft_at().is_some_and(|t| t <= mono) {
+            self.run_grafts(now);
+        }
         if self.renew_at <= mono {
             self.renew(now);
         }
@@ -84,14 +96,12 @@ impl Node {
             self.report_lapsed(now);
             self.expire(now);
             self.release_seed(now);
+            self.close_synced(now);
             self.dial_more(now);
         }
         if self.digest_at <= mono {
             self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
-            if let Some(p) = self.random_connected(1, None).pop() {
-                let hash = Message::digest_hash(self.replica.context(), None);
-                self.send_to_peer(p, hash, now);
-            }
+            self.anti_entropy(now);
         }
         if self.reconnect_at <= mono {
             self.reconnect_at = mono + self.jitter(self.cfg.reconnect_interval_ms.max(1));

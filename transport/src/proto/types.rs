@@ -136,4 +136,10 @@ pub struct Counters {
     pub deaths_refuted: u64,
     /// Instances reads stopped showing because their lease ended (not renewed in time).
     pub instances_lapsed: u64,
+    /// Pushes on the trees that carried only changes we had (each prunes a link).
+    pub duplicate_pushes: u64,
+    /// Announcements of changes sent (ids, on links off their trees).
+    pub changes_announced: u64,
+    /// Changes grafted (asked of an announcer after they did not arrive in time).
+    pub changes_grafted: u64,
 }

@@ -183,6 +183,12 @@ impl Sim {
             {
                 "delta-leases"
             }
+            crate::message::Message::Push { delta, .. }
+                if self.classify_deltas
+                    && crate::message::decode_delta(delta).is_ok_and(|d| d.registration_count() == 0) =>
+            {
+                "push-leases"
+            }
             m => m.kind(),
         };
         let k = self.by_kind.entry(kind).or_default();

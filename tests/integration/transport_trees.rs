@@ -1,0 +1,127 @@
+//! Changes on per-origin trees, in the simulator: about one copy per node once a root's
+//! tree has formed, against one per connection for the flood, and a tree cut by crashes
+//! repaired by the first change that misses a node (its graft), so the next needs none.
+//!
+//! Each test prints its seed; `ROSTER_SEED=N` replays one.
+
+use roster_registry::{Endpoint, Metadata, ProviderId, ServiceName};
+use roster_transport::proto::{Config, Dissemination};
+use roster_transport::sim::{Faults, Sim};
+
+use crate::support::sim_seed;
+use crate::transport_sim::{config, settle};
+
+const N: usize = 30;
+
+/// `N` nodes in step, with links that stay (no rotation), every member known.
+fn cluster(mode: Dissemination, seed: u64) -> Sim {
+    let cfg = Config {
+        dissemination: mode,
+        rotate_interval_ms: 0,
+        ..config()
+    };
+    let mut sim = Sim::new(N, cfg, Faults::NONE, seed);
+    let known = |sim: &Sim| {
+        sim.running()
+            .iter()
+            .all(|&i| sim.node(i).unwrap().members(sim.now_ms()).len() == N - 1)
+            && sim.converged()
+    };
+    assert!(
+        settle(&mut sim, 120, known).is_some(),
+        "did not settle (seed {seed})"
+    );
+    sim.run_for(10_000);
+    sim
+}
+
+/// Registers `service` on `origin` and runs until every running node shows it; returns
+/// the payload copies (deltas and pushes that carry a registration) received meanwhile.
+fn change(sim: &mut Sim, origin: usize, service: &str, seed: u64) -> u64 {
+    let copies = |sim: &Sim| {
+        let by = sim.traffic_by_kind();
+        ["delta", "push"]
+            .iter()
+            .filter_map(|k| by.get(k))
+            .map(|k| k.0)
+            .sum::<u64>()
+    };
+    sim.classify_deltas(true);
+    let before = copies(sim);
+    let name = ServiceName::new(service).unwrap();
+    let ep = Endpoint::new("10.1.1.1", 80).unwrap();
+    sim.with_node(origin, |n, now| {
+        n.register(
+            name.clone(),
+            ProviderId::new("p").unwrap(),
+            ep,
+            Metadata::default(),
+            now,
+        )
+        .unwrap()
+    });
+    let everywhere = |sim: &Sim| {
+        sim.running().iter().all(|&i| {
+            let node = sim.node(i).unwrap();
+            node.replica().instances(&name, sim.now_ms()).count() == 1
+        })
+    };
+    assert!(
+        settle(sim, 30, everywhere).is_some(),
+        "{service} did not reach every running node (seed {seed})"
+    );
+    sim.run_for(2_000);
+    copies(sim) - before
+}
+
+fn grafted(sim: &Sim) -> u64 {
+    (0..N)
+        .filter_map(|i| sim.node(i))
+        .map(|n| n.counters().changes_grafted)
+        .sum()
+}
+
+#[test]
+fn a_change_crosses_each_node_about_once_on_its_tree_and_once_per_link_flooded() {
+    let seed = sim_seed("tree_copies");
+    let mut copies = Vec::new();
+    for mode in [Dissemination::Flood, Dissemination::Tree] {
+        let mut sim = cluster(mode, seed);
+        // The root's first change forms its tree (the flood prunes into it).
+        change(&mut sim, 3, "first", seed);
+        copies.push(change(&mut sim, 3, "second", seed));
+    }
+    let (flood, tree) = (copies[0], copies[1]);
+    let others = (N - 1) as u64;
+    assert!(
+        flood >= 2 * others,
+        "the flood: {flood} copies for {others} nodes (seed {seed})"
+    );
+    assert!(
+        tree <= others + others / 10,
+        "the tree: {tree} copies for {others} nodes (seed {seed})"
+    );
+}
+
+#[test]
+fn once_faults_stop_every_change_reaches_every_live_node_and_a_hole_in_a_tree_outlives_one_repair() {
+    let seed = sim_seed("tree_holes");
+    let mut sim = cluster(Dissemination::Tree, seed);
+    change(&mut sim, 0, "formed", seed);
+    // Crashes cut the root's tree: the nodes below them hear of its changes only by
+    // announcements on links off the tree, and graft.
+    for i in [5, 11, 17] {
+        sim.crash(i);
+    }
+    sim.run_for(15_000);
+    let before = grafted(&sim);
+    change(&mut sim, 0, "after-the-crashes", seed);
+    let repaired = grafted(&sim);
+    change(&mut sim, 0, "repaired", seed);
+    assert_eq!(
+        grafted(&sim),
+        repaired,
+        "a change after the repair needed grafts again ({} before it; seed {seed})",
+        repaired - before
+    );
+}

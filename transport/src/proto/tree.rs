@@ -1,0 +1,303 @@
+//! Per-origin dissemination trees (Plumtree: Leitão, Pereira, Rodrigues, SRDS 2007, with
+//! its eager and lazy sets kept per root, as Riak's plumtree keeps them).
+//!
+//! Every link starts eager for every root: a root's first change floods. A node that
+//! receives a copy of a change it already had prunes the link it came by, for that root,
+//! both ways; after one change the links still eager for a root form its tree, and later
+//! changes of that root cross each node about once. On a link that is lazy for a root the
+//! change is only announced (its id, batched); a node that hears of a change it lacks and
+//! does not receive it within a graft timeout grafts the link: the announcer sends it, and
+//! the link is eager for that root again. So a tree with a hole (a link lost, a node in
+//! between restarted) repairs itself within a timeout of the first change that misses it.
+//!
+//! This file holds what a node knows of its trees, with no I/O and no clock read: which
+//! roots each peer is held back from, the changes seen (per root, bounded), the changes
+//! announced and missing, and the announcements waiting to go out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use roster_registry::{Hlc, ReplicaId};
+
+use crate::message::{ChangeId, Tagged, MAX_TREE_IDS};
+
+/// The changes remembered as seen per root: older ones (below the least kept) count as
+/// seen. Changes of one root arrive in about their order (one tree), so a few suffice.
+const SEEN_PER_ROOT: usize = 16;
+
+/// The most roots whose changes are remembered as seen; past it the oldest-numbered root
+/// is forgotten (its next announcement may cost a needless graft).
+const MAX_ROOTS: usize = 65_536;
+
+/// The most changes announced to us and missing, waiting for their graft.
+const MAX_MISSING: usize = 4_096;
+
+/// What a node knows of the changes of one root.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    /// Every change up to this is taken as seen.
+    floor: Hlc,
+    /// The newest changes seen, above the floor.
+    recent: BTreeSet<Hlc>,
+}
+
+impl Seen {
+    fn has(&self, at: Hlc) -> bool {
+        at <= self.floor || self.recent.contains(&at)
+    }
+
+    /// Records `at`; returns whether it is new.
+    fn insert(&mut self, at: Hlc) -> bool {
+        if self.has(at) {
+            return false;
+        }
+        self.recent.insert(at);
+        while self.recent.len() > SEEN_PER_ROOT {
+            if let Some(oldest) = self.recent.pop_first() {
+                self.floor = oldest;
+            }
+        }
+        true
+    }
+}
+
+/// A change announced to us that we lack.
+#[derive(Debug, Clone)]
+struct Missing {
+    /// The peers that announced it, in order, and the hops it had crossed to reach them.
+    announcers: Vec<(ReplicaId, u16)>,
+    /// When the next graft goes (monotonic ms).
+    graft_at: u64,
+}
+
+/// A node's trees.
+#[derive(Debug, Default)]
+pub(super) struct Trees {
+    /// For each peer, the roots whose changes it is not pushed (lazy links).
+    held: BTreeMap<ReplicaId, BTreeSet<ReplicaId>>,
+    seen: BTreeMap<ReplicaId, Seen>,
+    missing: BTreeMap<ChangeId, Missing>,
+    /// Announcements waiting for the next flush, per peer.
+    announce: BTreeMap<ReplicaId, Vec<Tagged>>,
+    /// When they go (monotonic ms).
+    pub(super) announce_at: Option<u64>,
+}
+
+impl Trees {
+    /// The roots held back from `peer`, if any.
+    pub(super) fn held_for(&self, peer: ReplicaId) -> Option<&BTreeSet<ReplicaId>> {
+        self.held.get(&peer)
+    }
+
+    /// Whether `peer` is pushed the changes of `root`.
+    #[cfg(test)]
+    pub(super) fn is_eager(&self, peer: ReplicaId, root: ReplicaId) -> bool {
+        !self.held.get(&peer).is_some_and(|h| h.contains(&root))
+    }
+
+    /// Whether the change was seen.
+    pub(super) fn has(&self, id: &ChangeId) -> bool {
+        self.seen.get(&id.root).is_some_and(|s| s.has(id.at))
+    }
+
+    /// Records a change as seen (made here, or arrived); returns whether it is new. It is
+    /// missing no more.
+    pub(super) fn observe(&mut self, id: ChangeId) -> bool {
+        self.missing.remove(&id);
+        if !self.seen.contains_key(&id.root) && self.seen.len() >= MAX_ROOTS {
+            self.seen.pop_first();
+        }
+        self.seen.entry(id.root).or_default().insert(id.at)
+    }
+
+    /// `peer` is pushed `root`'s changes no more.
+    pub(super) fn prune(&mut self, peer: ReplicaId, root: ReplicaId) {
+        let held = self.held.entry(peer).or_default();
+        if held.len() < MAX_ROOTS {
+            held.insert(root);
+        }
+    }
+
+    /// `peer` is pushed `root`'s changes again.
+    pub(super) fn graft(&mut self, peer: ReplicaId, root: ReplicaId) {
+        if let Some(h) = self.held.get_mut(&peer) {
+            h.remove(&root);
+            if h.is_empty() {
+                self.held.remove(&peer);
+            }
+        }
+    }
+
+    /// The link to `peer` is gone: a new one starts eager for every root, and it is
+    /// grafted from no more.
+    pub(super) fn forget_peer(&mut self, peer: ReplicaId) {
+        self.held.remove(&peer);
+        self.announce.remove(&peer);
+        for m in self.missing.values_mut() {
+            m.announcers.retain(|(p, _)| *p != peer);
+        }
+        self.missing.retain(|_, m| !m.announcers.is_empty());
+    }
+
+    /// Queues announcements for `peer`, to go by `due` (monotonic ms) at the latest.
+    pub(super) fn queue_announce(&mut self, peer: ReplicaId, ids: Vec<Tagged>, due: u64) {
+        if ids.is_empty() {
+            return;
+        }
+        self.announce.entry(peer).or_default().extend(ids);
+        self.announce_at.get_or_insert(due);
+    }
+
+    /// The announcements to send now, per peer, each at most [`MAX_TREE_IDS`] long.
+    pub(super) fn take_announcements(&mut self) -> Vec<(ReplicaId, Vec<Tagged>)> {
+        self.announce_at = None;
+        let mut out = Vec::new();
+        for (peer, ids) in std::mem::take(&mut self.announce) {
+            for chunk in ids.chunks(MAX_TREE_IDS) {
+                out.push((peer, chunk.to_vec()));
+            }
+        }
+        out
+    }
+
+    /// `peer` announced `t`: when we lack it, it is missing from `peer` too, and a graft
+    /// is due at `graft_at` unless it arrives first. Returns whether we lack it.
+    pub(super) fn announced(&mut self, peer: ReplicaId, t: Tagged, graft_at: u64) -> bool {
+        if self.has(&t.id) {
+            return false;
+        }
+        if !self.missing.contains_key(&t.id) && self.missing.len() >= MAX_MISSING {
+            return true;
+        }
+        let m = self.missing.entry(t.id).or_insert(Missing {
+            announcers: Vec::new(),
+            graft_at,
+        });
+        if !m.announcers.iter().any(|(p, _)| *p == peer) {
+            m.announcers.push((peer, t.hops));
+        }
+        true
+    }
+
+    /// When the next graft is due (monotonic ms).
+    pub(super) fn next_graft_at(&self) -> Option<u64> {
+        self.missing.values().map(|m| m.graft_at).min()
+    }
+
+    /// The grafts due at `now`: per announcer, the changes to ask it for. Each missing
+    /// change is asked of its first announcer not asked yet; the next is asked at
+    /// `now + retry_ms` if it still has not arrived, and one with no announcer left is
+    /// given up (the anti-entropy exchange brings it).
+    pub(super) fn due_grafts(&mut self, now: u64, retry_ms: u64) -> Vec<(ReplicaId, Vec<ChangeId>)> {
+        let mut asks: BTreeMap<ReplicaId, Vec<ChangeId>> = BTreeMap::new();
+        let mut given_up = Vec::new();
+        for (id, m) in self.missing.iter_mut().filter(|(_, m)| m.graft_at <= now) {
+            if m.announcers.is_empty() {
+                given_up.push(*id);
+                continue;
+            }
+            let (peer, _) = m.announcers.remove(0);
+            asks.entry(peer).or_default().push(*id);
+            m.graft_at = now + retry_ms.max(1);
+        }
+        for id in given_up {
+            self.missing.remove(&id);
+        }
+        asks.into_iter()
+            .flat_map(|(p, ids)| {
+                ids.chunks(MAX_TREE_IDS)
+                    .map(|c| (p, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// How many changes are missing.
+    #[cfg(test)]
+    pub(super) fn missing_len(&self) -> usize {
+        self.missing.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(root: u64, at: u64) -> ChangeId {
+        ChangeId {
+            root: ReplicaId(root),
+            at: Hlc::new(at, 0),
+        }
+    }
+
+    fn tagged(root: u64, at: u64) -> Tagged {
+        Tagged {
+            id: id(root, at),
+            hops: 1,
+        }
+    }
+
+    #[test]
+    fn a_change_is_new_once_and_old_ones_count_as_seen() {
+        let mut t = Trees::default();
+        assert!(t.observe(id(1, 10)));
+        assert!(!t.observe(id(1, 10)), "a copy is not new");
+        for at in 11..40 {
+            assert!(t.observe(id(1, at)));
+        }
+        assert!(t.has(&id(1, 5)), "below the kept window: taken as seen");
+        assert!(!t.has(&id(1, 41)));
+        assert!(!t.has(&id(2, 10)), "roots are apart");
+    }
+
+    #[test]
+    fn a_pruned_root_is_held_back_until_grafted_or_the_link_is_gone() {
+        let mut t = Trees::default();
+        let (p, r) = (ReplicaId(7), ReplicaId(1));
+        assert!(t.is_eager(p, r));
+        t.prune(p, r);
+        assert!(!t.is_eager(p, r) && t.is_eager(p, ReplicaId(2)));
+        t.graft(p, r);
+        assert!(t.is_eager(p, r) && t.held_for(p).is_none());
+        t.prune(p, r);
+        t.forget_peer(p);
+        assert!(t.is_eager(p, r), "a new link starts eager");
+    }
+
+    #[test]
+    fn a_missing_change_is_grafted_from_each_announcer_in_turn_then_given_up() {
+        let mut t = Trees::default();
+        let (a, b) = (ReplicaId(7), ReplicaId(8));
+        assert!(t.announced(a, tagged(1, 10), 80));
+        assert!(t.announced(b, tagged(1, 10), 90));
+        assert_eq!(
+            t.next_graft_at(),
+            Some(80),
+            "the first announcement sets the time"
+        );
+        assert!(t.due_grafts(79, 40).is_empty());
+        assert_eq!(t.due_grafts(80, 40), vec![(a, vec![id(1, 10)])]);
+        assert_eq!(t.due_grafts(120, 40), vec![(b, vec![id(1, 10)])]);
+        assert!(t.due_grafts(160, 40).is_empty());
+        assert_eq!(t.missing_len(), 0, "given up: anti-entropy brings it");
+    }
+
+    #[test]
+    fn a_change_that_arrives_is_grafted_from_nobody() {
+        let mut t = Trees::default();
+        assert!(t.announced(ReplicaId(7), tagged(1, 10), 80));
+        assert!(t.observe(id(1, 10)));
+        assert!(t.due_grafts(80, 40).is_empty());
+        assert!(!t.announced(ReplicaId(8), tagged(1, 10), 90), "already had");
+    }
+
+    #[test]
+    fn announcements_go_in_one_batch_per_peer() {
+        let mut t = Trees::default();
+        t.queue_announce(ReplicaId(7), vec![tagged(1, 10)], 5);
+        t.queue_announce(ReplicaId(7), vec![tagged(2, 11)], 9);
+        assert_eq!(t.announce_at, Some(5), "the first due time holds");
+        let out = t.take_announcements();
+        assert_eq!(out, vec![(ReplicaId(7), vec![tagged(1, 10), tagged(2, 11)])]);
+        assert!(t.take_announcements().is_empty() && t.announce_at.is_none());
+    }
+}

@@ -1,0 +1,136 @@
+//! What the node does with its trees (`tree.rs` says how they work): its own writes named,
+//! a push received (a copy it had prunes the link), announcements sent and heard, grafts
+//! asked and answered, prunes.
+
+use std::collections::BTreeSet;
+
+use roster_registry::codec::encode_state;
+use roster_registry::{ReplicaId, State};
+
+use super::{ConnId, Dissemination, Node, Now, ProtocolError};
+use crate::message::{self, ChangeId, Message, Tagged};
+
+impl Node {
+    /// Whether changes travel on trees.
+    pub(super) fn on_trees(&self) -> bool {
+        self.cfg.dissemination == Dissemination::Tree
+    }
+
+    /// Buffers a delta made here, named as a change of ours when changes travel on trees;
+    /// returns its number.
+    pub(super) fn buffer_own(&mut self, delta: State, now: Now) -> u64 {
+        let tags = if self.on_trees() {
+            let id = ChangeId {
+                root: self.me.id,
+                at: self.clock.tick(now.wall_ms),
+            };
+            self.trees.observe(id);
+            vec![Tagged { id, hops: 0 }]
+        } else {
+            Vec::new()
+        };
+        self.buffer.push_tagged(None, delta, tags)
+    }
+
+    /// A push on the trees: admitted, joined, acknowledged (unless it answers a graft).
+    /// Changes it carries that we had already came by another link first: unless it is a
+    /// resend, the link is pruned for their roots, both ways.
+    #[allow(clippy::too_many_arguments)] // the fields of one message, taken apart
+    pub(super) fn on_push(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        seq: Option<u64>,
+        delta: &[u8],
+        ids: Vec<Tagged>,
+        resend: bool,
+        now: Now,
+    ) -> Result<(), ProtocolError> {
+        let delta = message::decode_delta(delta)?;
+        self.peers.entry(peer).or_default().digest_sent_at = None;
+        self.admit(&delta, now)?;
+        let (mut fresh, mut fresh_roots, mut copied) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+        for t in ids {
+            if self.trees.observe(t.id) {
+                fresh_roots.insert(t.id.root);
+                fresh.push(Tagged {
+                    id: t.id,
+                    hops: t.hops.saturating_add(1),
+                });
+            } else {
+                copied.insert(t.id.root);
+            }
+        }
+        let prune: Vec<ReplicaId> = copied.difference(&fresh_roots).copied().collect();
+        if !resend && !prune.is_empty() {
+            self.counters.duplicate_pushes += 1;
+            for r in &prune {
+                self.trees.prune(peer, *r);
+            }
+            self.send_to_peer(peer, Message::Prune { roots: prune }, now);
+        }
+        self.apply_tagged(peer, delta, fresh, now);
+        if let Some(seq) = seq {
+            self.owe_ack(conn, seq, now);
+        }
+        Ok(())
+    }
+
+    /// A peer announced changes: those we lack are grafted from it if they do not arrive
+    /// within the graft timeout.
+    pub(super) fn on_ihave(&mut self, peer: ReplicaId, ids: Vec<Tagged>, now: Now) {
+        let due = now.mono_ms + self.cfg.graft_timeout_ms;
+        for t in ids {
+            self.trees.announced(peer, t, due);
+        }
+    }
+
+    /// A peer grafted changes: the link is eager again for their roots, and it is sent
+    /// them from the buffer, or asked for its digest when the buffer no longer holds
+    /// them (the exchange then sends what it lacks).
+    pub(super) fn on_graft(&mut self, peer: ReplicaId, ids: Vec<ChangeId>, now: Now) {
+        for id in &ids {
+            self.trees.graft(peer, id.root);
+        }
+        let wanted: BTreeSet<ChangeId> = ids.into_iter().collect();
+        match self.buffer.carrying(&wanted) {
+            Some((delta, ids)) => {
+                let push = Message::Push {
+                    seq: None,
+                    delta: encode_state(&delta),
+                    ids,
+                    resend: true,
+                };
+                self.send_to_peer(peer, push, now);
+            }
+            None => self.send_digest(peer, now),
+        }
+    }
+
+    /// A peer had these roots' changes from another link first: announce them to it from
+    /// now on, and push them no more.
+    pub(super) fn on_prune(&mut self, peer: ReplicaId, roots: Vec<ReplicaId>) {
+        for r in roots {
+            self.trees.prune(peer, r);
+        }
+    }
+
+    /// Sends the announcements that waited to go together.
+    pub(super) fn flush_announcements(&mut self, now: Now) {
+        for (peer, ids) in self.trees.take_announcements() {
+            self.counters.changes_announced += ids.len() as u64;
+            self.send_to_peer(peer, Message::IHave { ids }, now);
+        }
+    }
+
+    /// Grafts what was announced and has not arrived in time.
+    pub(super) fn run_grafts(&mut self, now: Now) {
+        for (peer, ids) in self.trees.due_grafts(now.mono_ms, self.cfg.graft_retry_ms) {
+            self.counters.changes_grafted += ids.len() as u64;
+            for id in &ids {
+                self.trees.graft(peer, id.root);
+            }
+            self.send_to_peer(peer, Message::Graft { ids }, now);
+        }
+    }
+}
