@@ -51,16 +51,27 @@ fn print(c: &ClientArgs, event: &str, i: &InstanceView) {
             "note": i.note,
         }));
     } else {
-        let line = format!(
-            "{event:<6}{}  {}  {}  {}  {}",
-            i.service,
-            i.instance,
-            i.address,
-            i.status,
-            output::meta_line(&i.meta)
-        );
-        output::text_line(line.trim_end());
+        output::text_line(&text_line(event, i));
     }
+}
+
+/// An `up` or `status` line: the event (padded so that the service lines up under `down`'s),
+/// then the service, instance, address, status, metadata and, in parentheses, the note,
+/// each two spaces apart; empty trailing fields are left out.
+fn text_line(event: &str, i: &InstanceView) -> String {
+    let mut line = format!(
+        "{event:<4}  {}  {}  {}  {}  {}",
+        i.service,
+        i.instance,
+        i.address,
+        i.status,
+        output::meta_line(&i.meta)
+    );
+    line.truncate(line.trim_end().len());
+    if !i.note.is_empty() {
+        line.push_str(&format!("  ({})", i.note));
+    }
+    line
 }
 
 fn down(c: &ClientArgs, service: &str, instance: &str, last: Option<InstanceView>) {
@@ -75,5 +86,50 @@ fn down(c: &ClientArgs, service: &str, instance: &str, last: Option<InstanceView
         }));
     } else {
         output::text_line(&format!("down  {service}  {instance}  {address}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(meta: &[(&str, &str)], status: &str, note: &str) -> InstanceView {
+        InstanceView {
+            service: "web".into(),
+            instance: "web-1".into(),
+            address: "127.0.0.1:8080".into(),
+            meta: meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            status: status.into(),
+            note: note.into(),
+            node: "bf3cb7f1ae8fdd64".into(),
+            registered_at_ms: 0,
+            lease_expires_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_status_line_separates_the_event_from_the_service_and_shows_the_note() {
+        let i = instance(&[("zone", "b")], "critical", "HTTP 503");
+        assert_eq!(
+            text_line("status", &i),
+            "status  web  web-1  127.0.0.1:8080  critical  zone=b  (HTTP 503)"
+        );
+        let bare = instance(&[], "critical", "connection refused");
+        assert_eq!(
+            text_line("status", &bare),
+            "status  web  web-1  127.0.0.1:8080  critical  (connection refused)"
+        );
+    }
+
+    #[test]
+    fn an_up_line_keeps_its_shape_without_a_note() {
+        assert_eq!(
+            text_line("up", &instance(&[("zone", "a")], "passing", "")),
+            "up    web  web-1  127.0.0.1:8080  passing  zone=a"
+        );
+        assert_eq!(
+            text_line("up", &instance(&[], "passing", "")),
+            "up    web  web-1  127.0.0.1:8080  passing"
+        );
     }
 }
