@@ -208,7 +208,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let settings = Settings::of(args)?;
     let http = settings.http().await?;
     let dns = match &settings.dns_listen {
-        Some(a) => Some(crate::dns::Sockets::bind(a).await.map_err(Fail::usage)?),
+        Some(a) => Some(crate::dns::Sockets::bind(a).await?),
         None => None,
     };
     let node = settings.builder()?.start().await.map_err(start_failed)?;
@@ -394,7 +394,7 @@ impl Settings {
             ),
             None => None,
         };
-        let listener = crate::http::bind(addr).await.map_err(Fail::usage)?;
+        let listener = crate::http::bind(addr).await?;
         let local = listener
             .local_addr()
             .map_err(|e| Fail::failed(format!("the HTTP listener has no address: {e}")))?;
@@ -501,6 +501,7 @@ fn start_failed(e: roster::Error) -> Fail {
     match e {
         e @ roster::Error::Tls(_) => Fail::usage(format!("{e}; check --tls-cert, --tls-key and --tls-ca")),
         roster::Error::Invalid(m) => Fail::usage(m),
+        roster::Error::Listen { ref source, .. } => Fail::bind(source, e.to_string()),
         roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
             "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
              pass --cluster-secret-file FILE, or --listen 127.0.0.1:PORT"

@@ -44,6 +44,16 @@ impl Fail {
         }
     }
 
+    /// A listener that could not be bound: bad input (exit 2) when the address does not
+    /// parse, else a failure (exit 1: in use, or not an address of this host).
+    pub fn bind(e: &std::io::Error, message: String) -> Self {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            Self::usage(message)
+        } else {
+            Self::failed(message)
+        }
+    }
+
     pub fn unreachable(message: impl Into<String>) -> Self {
         Self {
             code: Exit::Unreachable,

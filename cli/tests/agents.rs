@@ -33,6 +33,9 @@ mod disk;
 /// DNS with dig.
 #[path = "agents/dns.rs"]
 mod dns;
+/// The exit codes of the reference, walked.
+#[path = "agents/exit_codes.rs"]
+mod exit_codes;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
