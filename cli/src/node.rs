@@ -292,6 +292,18 @@ impl Node {
     /// same instance alive would each take it from the other. The instance is free once
     /// its owner deregisters it, or its owner's lease ends.
     fn not_owned_elsewhere(&self, service: &ServiceName, provider: &ProviderId) -> Result<(), Error> {
+        match self.owner_elsewhere(service, provider) {
+            Some(owner) => Err(Error::OwnedElsewhere(format!(
+                "instance {service}/{provider} is registered by node {owner}; \
+                 deregister it there first, or pick another --id"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The other live node that holds the live instance `service`/`provider`, as `name
+    /// (id, url)`; `None` when none does (no such instance, or it is this node's).
+    fn owner_elsewhere(&self, service: &ServiceName, provider: &ProviderId) -> Option<String> {
         let me = self.inner.handle.info().id;
         let replica = self.inner.handle.replica();
         let now = now_ms();
@@ -299,22 +311,11 @@ impl Node {
             service: service.clone(),
             provider: provider.clone(),
         };
-        let Some(owner) = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me) else {
-            return Ok(());
-        };
-        let member = proto::live_members(&replica, now)
+        let owner = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me)?;
+        let m = proto::live_members(&replica, now)
             .into_iter()
-            .find(|m| m.id == owner);
-        match member {
-            Some(m) => {
-                let (name, url) = (m.name, m.url.unwrap_or_default());
-                Err(Error::OwnedElsewhere(format!(
-                    "instance {service}/{provider} is registered by node {name} ({owner}, {url}); \
-                     deregister it there first, or pick another --id"
-                )))
-            }
-            None => Ok(()),
-        }
+            .find(|m| m.id == owner)?;
+        Some(format!("{} ({owner}, {})", m.name, m.url.unwrap_or_default()))
     }
 
     /// Removes an instance this node owns (from disk first, then from the cluster), and
