@@ -311,7 +311,10 @@ impl Node {
             service: service.clone(),
             provider: provider.clone(),
         };
-        let owner = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me)?;
+        let owner = replica
+            .visible(&key, now)
+            .map(|i| i.node())
+            .filter(|n| *n != me)?;
         let m = proto::live_members(&replica, now)
             .into_iter()
             .find(|m| m.id == owner)?;
@@ -323,12 +326,22 @@ impl Node {
     /// [`Registration::deregister`]).
     ///
     /// # Errors
-    /// [`Error::NotFound`] when this node owns no such instance; [`Error::Store`];
-    /// [`Error::Stopped`].
+    /// [`Error::OwnedElsewhere`] when another live node owns it (the error names that
+    /// node); [`Error::NotFound`] when no node does; [`Error::Store`]; [`Error::Stopped`].
     pub async fn deregister(&self, service: &str, instance: &str) -> Result<(), Error> {
         let mut owned = self.inner.owned.lock().await;
         let key = format!("{service}/{instance}");
         if !owned.contains_key(&key) {
+            let owner = match (ServiceName::new(service), ProviderId::new(instance)) {
+                (Ok(s), Ok(p)) => self.owner_elsewhere(&s, &p),
+                _ => None,
+            };
+            if let Some(owner) = owner {
+                return Err(Error::OwnedElsewhere(format!(
+                    "instance {service}/{instance} is registered by node {owner}, not this one; \
+                     deregister it there"
+                )));
+            }
             return Err(Error::NotFound(format!(
                 "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
             )));

@@ -433,6 +433,21 @@ fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() 
         "127.0.0.1:80",
         "nothing changed"
     );
+    // Deregistering it through b is refused the same way: the error names the owner.
+    let out = b.roster(&["deregister", "web", "w1"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("registered by node a") && err.contains(&a.url) && err.lines().count() == 1,
+        "{err}"
+    );
+    // An instance nobody holds is still just not found.
+    let out = b.roster(&["deregister", "web", "w9"]);
+    assert!(
+        text(&out.stderr).contains("owns no instance"),
+        "{}",
+        text(&out.stderr)
+    );
 
     assert!(a.roster(&["deregister", "web", "w1"]).status.success());
     within(Duration::from_secs(10), "w1 to be free on b", || {

@@ -222,11 +222,10 @@ fn a_registration_over_http_reaches_every_agent_and_each_endpoint_answers_json()
         ids(&curl(&[&format!("{hb}/v1/services/web")])) == ["web-2"]
     });
     assert_eq!(curl(&["-X", "DELETE", &web1]).error(404), "not_found");
-    // Not this agent's: it cannot deregister what b does not own.
-    assert_eq!(
-        curl(&["-X", "DELETE", &format!("{hb}/v1/services/web/instances/web-2")]).error(404),
-        "not_found"
-    );
+    // Not this agent's: it cannot deregister what b does not own, and says who does.
+    let r = curl(&["-X", "DELETE", &format!("{hb}/v1/services/web/instances/web-2")]);
+    assert_eq!(r.error(409), "failed");
+    assert!(r.body.contains("registered by node a"), "{}", r.body);
     assert_eq!(curl(&[&format!("{ha}/v1/nothing")]).error(404), "not_found");
     assert_eq!(
         curl(&["-X", "POST", &format!("{ha}/v1/services")]).error(405),
