@@ -103,7 +103,7 @@ pub fn check_ttl(ttl: Duration) -> Result<(), String> {
     }
     if ttl > MAX_REGISTRATION_TTL {
         return Err(format!(
-            "ttl {} is too long; use at most 24h (register without --ttl, and deregister, for longer)",
+            "ttl {} is too long; use at most 24h (for longer, register it with no ttl, and deregister it)",
             humantime::format_duration(ttl)
         ));
     }
@@ -295,7 +295,7 @@ impl Node {
         match self.owner_elsewhere(service, provider) {
             Some(owner) => Err(Error::OwnedElsewhere(format!(
                 "instance {service}/{provider} is registered by node {owner}; \
-                 deregister it there first, or pick another --id"
+                 deregister it there first, or pick another instance id"
             ))),
             None => Ok(()),
         }

@@ -584,3 +584,43 @@ fn metrics_are_in_prometheus_text_and_discovery_lists_the_passing_instances() {
         "invalid"
     );
 }
+
+/// What an HTTP error says to change is a JSON field or a path segment, never a flag of
+/// the `roster` CLI, which an HTTP client does not have.
+#[test]
+fn http_errors_name_json_fields_not_cli_flags() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, ha) = http_agent(&root.path().join("a"), "a", &["--enable-exec-checks"]);
+    let (_b, hb) = http_agent(&root.path().join("b"), "b", &["--join", &a.url]);
+    let no_cli_flag = |r: &Reply| {
+        for flag in ["--id", "--ttl", "--check-", "--meta", "--from-file"] {
+            assert!(!r.body.contains(flag), "{flag} in an HTTP error: {}", r.body);
+        }
+    };
+    let inst = |h: &str, id: &str| format!("{h}/v1/services/web/instances/{id}");
+    assert_eq!(put(&inst(&ha, "w1"), r#"{"address": "127.0.0.1:80"}"#).code, 200);
+    for (r, code) in [
+        (
+            put(&inst(&ha, "w2"), r#"{"address": "127.0.0.1:80", "ttl": "25h"}"#),
+            400,
+        ),
+        (
+            put(
+                &inst(&ha, "w2"),
+                r#"{"address": "127.0.0.1:80", "checks": [{"exec": ""}]}"#,
+            ),
+            400,
+        ),
+        (curl(&["-X", "PUT", &format!("{}/pass", inst(&ha, "w1"))]), 404),
+    ] {
+        r.error(code);
+        no_cli_flag(&r);
+    }
+    eventually("b to see w1", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])).len() == 1
+    });
+    let r = put(&inst(&hb, "w1"), r#"{"address": "127.0.0.2:80"}"#);
+    assert_eq!(r.error(409), "failed");
+    assert!(r.body.contains("registered by node a"), "{}", r.body);
+    no_cli_flag(&r);
+}
