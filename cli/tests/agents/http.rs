@@ -357,6 +357,18 @@ fn bad_http_input_is_refused_clearly_and_the_agent_keeps_serving() {
     let inst = format!("{h}/v1/services/web/instances/web-1");
     for (body, code, says) in [
         ("{not json", 400, "not the JSON"),
+        // An array would be read as the fields in order ("expected a string"): say what
+        // the body should be instead.
+        (
+            "[1,2]",
+            400,
+            "the body is an array; this endpoint takes a JSON object",
+        ),
+        (
+            "\"10.0.0.7:80\"",
+            400,
+            "the body is a string; this endpoint takes a JSON object",
+        ),
         (
             r#"{"address": "10.0.0.7:80", "colour": "red"}"#,
             400,
