@@ -636,3 +636,18 @@ fn http_errors_name_json_fields_not_cli_flags() {
     assert!(r.body.contains("registered by node a"), "{}", r.body);
     no_cli_flag(&r);
 }
+
+/// A CLI given the HTTP API's port is told it reached the HTTP API and which port to give,
+/// not that no agent runs there.
+#[test]
+fn a_cli_pointed_at_the_http_port_is_told_it_reached_the_http_api() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let ws = h.replace("http://", "ws://");
+    let out = roster(&["ls", "--agent", &ws]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("HTTP API") && err.contains("--listen"), "{err}");
+    assert!(!err.contains("start one with"), "an agent answers there: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
