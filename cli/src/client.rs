@@ -259,7 +259,11 @@ impl Client {
                 }
                 Some(Ok(WsMessage::Close(f))) => {
                     let why = f.map(|f| f.reason.to_string()).unwrap_or_default();
-                    return Err(self.protocol(format!("closed the connection {why}")));
+                    return Err(self.protocol(if why.is_empty() {
+                        "closed the connection".to_string()
+                    } else {
+                        format!("closed the connection: {why}")
+                    }));
                 }
                 Some(Ok(_)) => {}
             }

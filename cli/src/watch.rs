@@ -4,7 +4,7 @@
 //! change; `--once` ends it instead.
 
 use roster::api::InstanceView;
-use roster::client::{RemoteWatch, WatchError, WatchEvent};
+use roster::client::{ClientError, RemoteWatch, WatchError, WatchEvent};
 
 use crate::commands::{check_service, from_client, refused, settings};
 use crate::{output, ClientArgs, Fail};
@@ -13,6 +13,8 @@ pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool, all: bool
     check_service(&service)?;
     let (secret, tls) = settings(c)?;
     let mut watch = RemoteWatch::new(&c.agent, secret, tls, &service, all);
+    // Whether this outage's lines said how to start an agent already: once is enough.
+    let mut hinted = false;
     loop {
         let event = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
@@ -29,12 +31,34 @@ pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool, all: bool
             Ok(WatchEvent::Lost { why, .. }) if once => return Err(from_client(why)),
             Ok(WatchEvent::Lost { why, retry_in }) => eprintln!(
                 "roster: watch: {}; reconnecting in {} (--once to stop instead)",
-                from_client(why).message,
+                lost_line(why, &mut hinted),
                 humantime::format_duration(retry_in)
             ),
+            Ok(WatchEvent::Resumed) => {
+                hinted = false;
+                eprintln!(
+                    "roster: watch: reconnected to {}; what changed meanwhile follows",
+                    c.agent
+                );
+            }
             Err(WatchError::Client(e)) => return Err(from_client(e)),
             Err(WatchError::Refused(m)) => return Err(refused(m)),
         }
+    }
+}
+
+/// Why the watch lost its agent, for its reconnect line: an unreachable agent's "start one
+/// with `roster agent`" only the first time (`hinted`), not on every retry.
+fn lost_line(why: ClientError, hinted: &mut bool) -> String {
+    match why {
+        ClientError::Unreachable { url, why } if *hinted => {
+            format!("cannot reach a roster agent at {url}: {why}")
+        }
+        e @ ClientError::Unreachable { .. } => {
+            *hinted = true;
+            from_client(e).message
+        }
+        other => from_client(other).message,
     }
 }
 
@@ -118,6 +142,30 @@ mod tests {
         assert_eq!(
             text_line("status", &bare),
             "status  web  web-1  127.0.0.1:8080  critical  (connection refused)"
+        );
+    }
+
+    #[test]
+    fn a_reconnect_line_says_how_to_start_an_agent_once_and_has_no_stray_space() {
+        let refused = || ClientError::Unreachable {
+            url: "ws://127.0.0.1:7420".into(),
+            why: "Connection refused (os error 111)".into(),
+        };
+        let closed = ClientError::Protocol {
+            url: "ws://127.0.0.1:7420".into(),
+            why: "closed the connection".into(),
+        };
+        let mut hinted = false;
+        assert_eq!(
+            lost_line(closed, &mut hinted),
+            "the roster agent at ws://127.0.0.1:7420 closed the connection"
+        );
+        let first = lost_line(refused(), &mut hinted);
+        assert!(first.contains("start one with `roster agent`"), "{first}");
+        let again = lost_line(refused(), &mut hinted);
+        assert_eq!(
+            again,
+            "cannot reach a roster agent at ws://127.0.0.1:7420: Connection refused (os error 111)"
         );
     }
 

@@ -261,8 +261,8 @@ fn roster(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The lines a child prints on stdout, as they come.
-fn lines_of(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+/// The lines a child prints on stdout (or stderr), as they come.
+fn lines_of(stdout: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
