@@ -9,6 +9,7 @@
 //! needs no credentials, as the client protocol does there.
 
 mod auth;
+mod bare_errors;
 mod error;
 mod metrics;
 mod params;

@@ -651,3 +651,33 @@ fn a_cli_pointed_at_the_http_port_is_told_it_reached_the_http_api() {
     assert!(!err.contains("start one with"), "an agent answers there: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A request the server cannot even parse gets the API's JSON error body, as every other
+/// error does, not a bare 400; and the agent goes on serving.
+#[test]
+fn a_garbage_request_gets_the_json_error_body() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let port: u16 = h.rsplit(':').next().unwrap().parse().unwrap();
+    for garbage in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET /v1/status HTTP/1.1\r\nno colon here\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(garbage).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let shown = String::from_utf8_lossy(garbage);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with("HTTP/1.1 400 "), "{shown:?}: {answer}");
+        assert!(
+            head.contains("content-type: application/json"),
+            "{shown:?}: {head}"
+        );
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{shown:?}: {e}: {body:?}"));
+        assert_eq!(v["error"]["kind"], "invalid", "{body}");
+    }
+    assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
+}
