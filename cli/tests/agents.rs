@@ -33,6 +33,9 @@ mod disk;
 /// DNS with dig.
 #[path = "agents/dns.rs"]
 mod dns;
+/// docs/reference/cli.md against the binary.
+#[path = "agents/docs.rs"]
+mod docs;
 /// The exit codes of the reference, walked.
 #[path = "agents/exit_codes.rs"]
 mod exit_codes;
