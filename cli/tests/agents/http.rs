@@ -162,7 +162,7 @@ fn the_http_reference_runs_as_written_against_a_real_agent() {
     let printed = text(&out.stdout);
     assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
     assert!(
-        printed.contains("[('api-1', '10.0.0.9:9000', 'passing')]"),
+        printed.contains("[('billing-1', '10.0.0.9:9000', 'passing')]"),
         "{printed}"
     );
     assert!(printed.contains("refused: 400 invalid:"), "{printed}");
