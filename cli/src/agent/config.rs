@@ -228,6 +228,32 @@ mod tests {
     }
 
     #[test]
+    fn the_references_example_file_parses_and_sets_every_key() {
+        let doc = include_str!("../../../docs/reference/cli.md");
+        let section = doc.split("### Config file").nth(1).unwrap();
+        let example = section
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap();
+        parse("cli.md", example).unwrap_or_else(|f| panic!("{}", f.message));
+        // Every key the file takes, as serde lists them for an unknown one.
+        let unknown = toml::from_str::<FileConfig>("zzz-not-a-key = 1\n").unwrap_err();
+        let every = unknown
+            .message()
+            .split("expected one of ")
+            .nth(1)
+            .unwrap()
+            .to_string();
+        let keys: Vec<&str> = every.split('`').skip(1).step_by(2).collect();
+        assert!(keys.len() > 20, "{every}");
+        let listed: Vec<&str> = example.lines().filter_map(|l| l.split(" = ").next()).collect();
+        for key in keys {
+            assert!(listed.contains(&key), "the example of cli.md sets no {key}");
+        }
+    }
+
+    #[test]
     fn edit_distance_counts_insertions_deletions_and_substitutions() {
         assert_eq!(edit_distance("fanout", "fanout"), 0);
         assert_eq!(edit_distance("fanuot", "fanout"), 2);
