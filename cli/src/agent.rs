@@ -208,10 +208,14 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let settings = Settings::of(args)?;
     let http = settings.http().await?;
     let dns = match &settings.dns_listen {
-        Some(a) => Some(crate::dns::Sockets::bind(a).await.map_err(Fail::usage)?),
+        Some(a) => Some(crate::dns::Sockets::bind(a).await?),
         None => None,
     };
-    let node = settings.builder()?.start().await.map_err(start_failed)?;
+    let node = settings
+        .builder()?
+        .start()
+        .await
+        .map_err(|e| settings.start_failed(e))?;
     let stop_http = tokio_util::sync::CancellationToken::new();
     let http = http.map(|(listener, tokens)| {
         let addr = listener.local_addr().ok();
@@ -286,6 +290,11 @@ struct Settings {
     /// `None`: off.
     dns_listen: Option<String>,
     dns: crate::dns::DnsConfig,
+    /// The config file and its text, when one was given.
+    config: Option<(PathBuf, String)>,
+    /// The config file's keys whose values are used (no flag or variable beat them) and that
+    /// the node checks: its errors about them name the file and line.
+    from_file: Vec<&'static str>,
 }
 
 impl Settings {
@@ -296,6 +305,26 @@ impl Settings {
             None => (FileConfig::default(), String::new()),
         };
         let cfg_path = args.config.clone().unwrap_or_default();
+        let from_file = [
+            ("fanout", args.fanout.is_none() && file.fanout.is_some()),
+            (
+                "gossip-interval",
+                args.gossip_interval.is_none() && file.gossip_interval.is_some(),
+            ),
+            ("lease-ttl", args.lease_ttl.is_none() && file.lease_ttl.is_some()),
+            (
+                "lease-per-member",
+                args.lease_per_member.is_none() && file.lease_per_member.is_some(),
+            ),
+            (
+                "max-clock-skew",
+                args.max_clock_skew.is_none() && file.max_clock_skew.is_some(),
+            ),
+            ("join", args.join.is_empty() && file.join.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, used)| used.then_some(key))
+        .collect();
         let duration = |flag: Option<Duration>, key: &str, value: Option<String>| match flag {
             Some(d) => Ok(Some(d)),
             None => file_duration(&cfg_path, &text, key, value),
@@ -359,6 +388,8 @@ impl Settings {
                 args.dns_domain.or(file.dns_domain),
                 duration(args.dns_ttl, "dns-ttl", file.dns_ttl)?,
             )?,
+            config: args.config.map(|p| (p, text)),
+            from_file,
         })
     }
 
@@ -394,7 +425,7 @@ impl Settings {
             ),
             None => None,
         };
-        let listener = crate::http::bind(addr).await.map_err(Fail::usage)?;
+        let listener = crate::http::bind(addr).await?;
         let local = listener
             .local_addr()
             .map_err(|e| Fail::failed(format!("the HTTP listener has no address: {e}")))?;
@@ -493,14 +524,35 @@ impl Settings {
             println!("joining {}", self.join.join(", "));
         }
     }
+
+    /// Why the node did not start, as the agent's one-line error with what to check; a
+    /// setting taken from the config file is named by its file and line.
+    fn start_failed(&self, e: roster::Error) -> Fail {
+        match (e, &self.config) {
+            (roster::Error::Setting { name, message }, Some((path, text))) => {
+                let key = name.replace('_', "-");
+                match self.from_file.iter().find(|k| **k == key) {
+                    Some(k) => Fail::usage(format!(
+                        "config file {}, line {}: {message}",
+                        path.display(),
+                        key_line(text, k).unwrap_or(0)
+                    )),
+                    None => Fail::usage(message),
+                }
+            }
+            (e, _) => start_failed(e),
+        }
+    }
 }
 
 /// Why the node did not start, as the agent's one-line error with what to check.
 fn start_failed(e: roster::Error) -> Fail {
     use roster::transport::driver::StartError;
     match e {
+        roster::Error::Setting { message, .. } => Fail::usage(message),
         e @ roster::Error::Tls(_) => Fail::usage(format!("{e}; check --tls-cert, --tls-key and --tls-ca")),
         roster::Error::Invalid(m) => Fail::usage(m),
+        roster::Error::Listen { ref source, .. } => Fail::bind(source, e.to_string()),
         roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
             "no cluster secret: an agent without one listens on loopback only, not on {addr}; \
              pass --cluster-secret-file FILE, or --listen 127.0.0.1:PORT"

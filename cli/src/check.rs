@@ -203,7 +203,7 @@ impl Check {
                 let len: usize = argv.iter().map(String::len).sum();
                 if argv.first().is_none_or(String::is_empty) || len > MAX_TARGET_LEN {
                     return Err(format!(
-                        "an exec check needs a command of 1 to {MAX_TARGET_LEN} bytes, e.g. --check-exec '/usr/local/bin/healthy --quick'"
+                        "an exec check needs a command of 1 to {MAX_TARGET_LEN} bytes, e.g. '/usr/local/bin/healthy --quick'"
                     ));
                 }
                 Ok(())

@@ -40,6 +40,15 @@ pub enum ClientError {
         /// Why.
         why: String,
     },
+    /// Something answered at the URL over HTTP, but not as a roster agent's client port
+    /// does: an HTTP server, or a roster agent's HTTP API (`--http-listen`).
+    #[error("{url} is not a roster agent's client port: {why}")]
+    NotAnAgent {
+        /// The agent URL.
+        url: String,
+        /// What answered, and what to pass instead.
+        why: String,
+    },
     /// The agent turned the connection away for now (too many new client connections from
     /// this address), and kept doing so until the connect timeout.
     #[error(
@@ -250,7 +259,11 @@ impl Client {
                 }
                 Some(Ok(WsMessage::Close(f))) => {
                     let why = f.map(|f| f.reason.to_string()).unwrap_or_default();
-                    return Err(self.protocol(format!("closed the connection {why}")));
+                    return Err(self.protocol(if why.is_empty() {
+                        "closed the connection".to_string()
+                    } else {
+                        format!("closed the connection: {why}")
+                    }));
                 }
                 Some(Ok(_)) => {}
             }
@@ -309,9 +322,42 @@ async fn upgrade(
                         .min(3_600),
                 }
             }
+            tokio_tungstenite::tungstenite::Error::Http(r) => ClientError::NotAnAgent {
+                url: url.to_string(),
+                why: what_answered(&r),
+            },
             other => unreachable(other.to_string()),
         })?;
     Ok(ws)
+}
+
+/// What answered a WebSocket upgrade with a plain HTTP response, and what to do: roster's
+/// HTTP API answers with its JSON error body (`{"error": {"kind": ...}}`).
+fn what_answered(r: &tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>>) -> String {
+    let body = r.body().as_deref().unwrap_or_default();
+    if is_roster_http_error(body) {
+        format!(
+            "it answered HTTP {} as a roster agent's HTTP API (its --http-listen address) does; \
+             pass --agent ws://HOST:PORT with the agent's --listen address (port 7420 by default)",
+            r.status()
+        )
+    } else {
+        format!(
+            "an HTTP server answered {}; pass --agent ws://HOST:PORT with a roster agent's --listen address",
+            r.status()
+        )
+    }
+}
+
+/// Whether `body` looks like roster's HTTP API's error, `{"error":{"kind":...`, without a
+/// JSON parser (the client protocol's side of the crate has none).
+fn is_roster_http_error(body: &[u8]) -> bool {
+    let compact: Vec<u8> = body
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    compact.starts_with(br#"{"error":{"kind":"#)
 }
 
 /// The URL checked, and a byte stream to its host: TCP, with TLS over it for `wss://`.

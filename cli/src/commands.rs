@@ -59,9 +59,10 @@ pub(crate) async fn connect(c: &ClientArgs) -> Result<Client, Fail> {
 
 pub(crate) fn from_client(e: ClientError) -> Fail {
     match e {
-        ClientError::Unreachable { .. } | ClientError::Unauthorized { .. } | ClientError::Busy { .. } => {
-            Fail::unreachable(e.to_string())
-        }
+        ClientError::Unreachable { .. }
+        | ClientError::NotAnAgent { .. }
+        | ClientError::Unauthorized { .. }
+        | ClientError::Busy { .. } => Fail::unreachable(e.to_string()),
         ClientError::Protocol { .. } => Fail::failed(e.to_string()),
     }
 }

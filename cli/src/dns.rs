@@ -66,9 +66,12 @@ impl Sockets {
     ///
     /// # Errors
     /// One line naming the address and what to do.
-    pub async fn bind(addr: &str) -> Result<Self, String> {
+    pub async fn bind(addr: &str) -> Result<Self, crate::Fail> {
         let fail = |e: std::io::Error| {
-            format!("cannot listen for DNS on {addr}: {e}; pick another --dns-listen address")
+            crate::Fail::bind(
+                &e,
+                format!("cannot listen for DNS on {addr}: {e}; pick another --dns-listen address"),
+            )
         };
         let mut last = None;
         for _ in 0..BIND_TRIES {

@@ -9,6 +9,7 @@
 //! needs no credentials, as the client protocol does there.
 
 mod auth;
+mod bare_errors;
 mod error;
 mod metrics;
 mod params;
@@ -72,10 +73,14 @@ struct App {
 /// nothing started.
 ///
 /// # Errors
-/// One line naming the address and what to do.
-pub async fn bind(addr: &str) -> Result<TcpListener, String> {
+/// One line naming the address and what to do: exit 2 for an address that does not parse,
+/// 1 for one that cannot be bound (in use, not this host's), as for `--listen`.
+pub async fn bind(addr: &str) -> Result<TcpListener, crate::Fail> {
     TcpListener::bind(addr).await.map_err(|e| {
-        format!("cannot listen for HTTP on {addr}: {e}; pick another --http-listen address, or `--http-listen off`")
+        crate::Fail::bind(
+            &e,
+            format!("cannot listen for HTTP on {addr}: {e}; pick another --http-listen address, or `--http-listen off`"),
+        )
     })
 }
 

@@ -1,13 +1,13 @@
 //! The `roster` binary: `roster agent` runs a node; the other commands ask one.
 //!
-//! Exit codes: 0 success; 1 not found or failed; 2 usage or bad input; 3 cannot reach or
-//! authenticate to the agent.
+//! Exit codes: [`exit::Exit`], the table of docs/reference/cli.md.
 
 mod agent;
 mod bulk_file;
 mod check_args;
 mod commands;
 mod dns;
+mod exit;
 mod http;
 mod output;
 mod watch;
@@ -18,11 +18,13 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+use exit::Exit;
+
 /// A failure with its exit code and one line for stderr.
 #[derive(Debug)]
 pub struct Fail {
-    /// 1 failed or not found, 2 usage or bad input, 3 cannot reach or authenticate.
-    pub code: u8,
+    /// How the process exits.
+    pub code: Exit,
     /// What went wrong and what to do.
     pub message: String,
 }
@@ -30,21 +32,31 @@ pub struct Fail {
 impl Fail {
     pub fn failed(message: impl Into<String>) -> Self {
         Self {
-            code: 1,
+            code: Exit::Failed,
             message: message.into(),
         }
     }
 
     pub fn usage(message: impl Into<String>) -> Self {
         Self {
-            code: 2,
+            code: Exit::Usage,
             message: message.into(),
+        }
+    }
+
+    /// A listener that could not be bound: bad input (exit 2) when the address does not
+    /// parse, else a failure (exit 1: in use, or not an address of this host).
+    pub fn bind(e: &std::io::Error, message: String) -> Self {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            Self::usage(message)
+        } else {
+            Self::failed(message)
         }
     }
 
     pub fn unreachable(message: impl Into<String>) -> Self {
         Self {
-            code: 3,
+            code: Exit::Unreachable,
             message: message.into(),
         }
     }
@@ -257,18 +269,18 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("roster: error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return Exit::Failed.into();
         }
     };
     let result = runtime.block_on(dispatch(cli.command));
     // Watches and the agent end on a signal; nothing else may linger.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Exit::Success.into(),
         Err(fail) => {
             // The message may quote what an agent sent: one line, escaped.
             eprintln!("roster: error: {}", output::escape(&fail.message));
-            ExitCode::from(fail.code)
+            fail.code.into()
         }
     }
 }

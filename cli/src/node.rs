@@ -103,7 +103,7 @@ pub fn check_ttl(ttl: Duration) -> Result<(), String> {
     }
     if ttl > MAX_REGISTRATION_TTL {
         return Err(format!(
-            "ttl {} is too long; use at most 24h (register without --ttl, and deregister, for longer)",
+            "ttl {} is too long; use at most 24h (for longer, register it with no ttl, and deregister it)",
             humantime::format_duration(ttl)
         ));
     }
@@ -292,6 +292,18 @@ impl Node {
     /// same instance alive would each take it from the other. The instance is free once
     /// its owner deregisters it, or its owner's lease ends.
     fn not_owned_elsewhere(&self, service: &ServiceName, provider: &ProviderId) -> Result<(), Error> {
+        match self.owner_elsewhere(service, provider) {
+            Some(owner) => Err(Error::OwnedElsewhere(format!(
+                "instance {service}/{provider} is registered by node {owner}; \
+                 deregister it there first, or pick another instance id"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The other live node that holds the live instance `service`/`provider`, as `name
+    /// (id, url)`; `None` when none does (no such instance, or it is this node's).
+    fn owner_elsewhere(&self, service: &ServiceName, provider: &ProviderId) -> Option<String> {
         let me = self.inner.handle.info().id;
         let replica = self.inner.handle.replica();
         let now = now_ms();
@@ -299,22 +311,14 @@ impl Node {
             service: service.clone(),
             provider: provider.clone(),
         };
-        let Some(owner) = replica.visible(&key, now).map(|i| i.node()).filter(|n| *n != me) else {
-            return Ok(());
-        };
-        let member = proto::live_members(&replica, now)
+        let owner = replica
+            .visible(&key, now)
+            .map(|i| i.node())
+            .filter(|n| *n != me)?;
+        let m = proto::live_members(&replica, now)
             .into_iter()
-            .find(|m| m.id == owner);
-        match member {
-            Some(m) => {
-                let (name, url) = (m.name, m.url.unwrap_or_default());
-                Err(Error::OwnedElsewhere(format!(
-                    "instance {service}/{provider} is registered by node {name} ({owner}, {url}); \
-                     deregister it there first, or pick another --id"
-                )))
-            }
-            None => Ok(()),
-        }
+            .find(|m| m.id == owner)?;
+        Some(format!("{} ({owner}, {})", m.name, m.url.unwrap_or_default()))
     }
 
     /// Removes an instance this node owns (from disk first, then from the cluster), and
@@ -322,12 +326,22 @@ impl Node {
     /// [`Registration::deregister`]).
     ///
     /// # Errors
-    /// [`Error::NotFound`] when this node owns no such instance; [`Error::Store`];
-    /// [`Error::Stopped`].
+    /// [`Error::OwnedElsewhere`] when another live node owns it (the error names that
+    /// node); [`Error::NotFound`] when no node does; [`Error::Store`]; [`Error::Stopped`].
     pub async fn deregister(&self, service: &str, instance: &str) -> Result<(), Error> {
         let mut owned = self.inner.owned.lock().await;
         let key = format!("{service}/{instance}");
         if !owned.contains_key(&key) {
+            let owner = match (ServiceName::new(service), ProviderId::new(instance)) {
+                (Ok(s), Ok(p)) => self.owner_elsewhere(&s, &p),
+                _ => None,
+            };
+            if let Some(owner) = owner {
+                return Err(Error::OwnedElsewhere(format!(
+                    "instance {service}/{instance} is registered by node {owner}, not this one; \
+                     deregister it there"
+                )));
+            }
             return Err(Error::NotFound(format!(
                 "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
             )));

@@ -114,6 +114,7 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> ServerMessage {
 fn from_error(e: Error) -> ServerMessage {
     match e {
         Error::Invalid(m) => error(ErrorKind::Invalid, m),
+        Error::Setting { message, .. } => error(ErrorKind::Invalid, message),
         Error::NotFound(m) => error(ErrorKind::NotFound, m),
         Error::OwnedElsewhere(m) => error(ErrorKind::Failed, m),
         Error::Throttled { message, retry_after } => ServerMessage::Error {

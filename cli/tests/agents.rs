@@ -33,6 +33,12 @@ mod disk;
 /// DNS with dig.
 #[path = "agents/dns.rs"]
 mod dns;
+/// docs/reference/cli.md against the binary.
+#[path = "agents/docs.rs"]
+mod docs;
+/// The exit codes of the reference, walked.
+#[path = "agents/exit_codes.rs"]
+mod exit_codes;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
@@ -258,8 +264,8 @@ fn roster(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The lines a child prints on stdout, as they come.
-fn lines_of(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+/// The lines a child prints on stdout (or stderr), as they come.
+fn lines_of(stdout: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {

@@ -153,7 +153,7 @@ async fn bad_input_to_register_is_refused_and_changes_nothing() {
     assert!(a.services().is_empty());
     assert!(matches!(
         Node::builder().listen("127.0.0.1:0").fanout(0).start().await,
-        Err(roster::Error::Invalid(_))
+        Err(roster::Error::Setting { name: "fanout", .. })
     ));
     assert!(matches!(
         Node::builder()
@@ -161,7 +161,7 @@ async fn bad_input_to_register_is_refused_and_changes_nothing() {
             .join(["http://x:1"])
             .start()
             .await,
-        Err(roster::Error::Invalid(_))
+        Err(roster::Error::Setting { name: "join", .. })
     ));
     assert!(matches!(
         Node::builder()

@@ -13,15 +13,17 @@ use roster_transport::handshake::Secret;
 use super::{Client, ClientError};
 use crate::api::{fingerprint, EventView, InstanceView, Request, ServerMessage};
 
-/// Reconnects: from 200 ms, doubling to 5 s, each drawn within ±50%; after a watch that
-/// lived 10 s, within 200 ms to 1.2 s (the watchers of a restarted agent spread out).
+/// Reconnects: from 200 ms, doubling to 5 s, each drawn within ±50% (the first within 100
+/// to 300 ms, so the watchers of a restarted agent spread out); a watch that lived 10 s
+/// starts afresh from the first (see [`after_close`]).
 const POLICY: BackoffPolicy = BackoffPolicy {
     base_ms: 200,
     cap_ms: 5_000,
     auth_cap_ms: 60_000,
     healthy_after_ms: 10_000,
     jitter_permille: 500,
-    reconnect_spread_ms: 1_000,
+    // Unused: after a healthy watch, `after_close` starts the backoff afresh instead.
+    reconnect_spread_ms: 0,
 };
 
 /// What a [`RemoteWatch`] saw.
@@ -49,6 +51,9 @@ pub enum WatchEvent {
         /// How long until it tries again.
         retry_in: Duration,
     },
+    /// Connected again after [`WatchEvent::Lost`]: what changed meanwhile follows, as `Up`
+    /// and `Down` events.
+    Resumed,
 }
 
 /// Why a [`RemoteWatch`] cannot go on.
@@ -73,6 +78,8 @@ pub struct RemoteWatch {
     shown: BTreeMap<String, InstanceView>,
     client: Option<Client>,
     ever_connected: bool,
+    /// The connection was lost since the last [`WatchEvent::Resumed`] (or the start).
+    lost: bool,
     backoff: Backoff,
     started: Instant,
     opened: Instant,
@@ -92,6 +99,7 @@ impl RemoteWatch {
             shown: BTreeMap::new(),
             client: None,
             ever_connected: false,
+            lost: false,
             backoff: Backoff::default(),
             started: Instant::now(),
             opened: Instant::now(),
@@ -118,7 +126,12 @@ impl RemoteWatch {
                     tokio::time::sleep(wait).await;
                 }
                 match self.open().await {
-                    Ok(c) => self.client = Some(c),
+                    Ok(c) => {
+                        self.client = Some(c);
+                        if std::mem::take(&mut self.lost) {
+                            return Ok(WatchEvent::Resumed);
+                        }
+                    }
                     Err(e) if !self.ever_connected || is_auth(&e) => return Err(e.into()),
                     Err(e) => return Ok(self.lose(e, Failure::Network)),
                 }
@@ -145,7 +158,7 @@ impl RemoteWatch {
                     let lived = ms(self.opened.elapsed());
                     self.client = None;
                     let now = ms(self.started.elapsed());
-                    let delay = self.backoff.closed(&POLICY, lived, now, draw());
+                    let delay = after_close(&mut self.backoff, lived, now, draw());
                     return Ok(self.lost(e, delay));
                 }
                 Err(e) => return Err(e.into()),
@@ -181,6 +194,7 @@ impl RemoteWatch {
     fn lost(&mut self, why: ClientError, delay_ms: u64) -> WatchEvent {
         let retry_in = Duration::from_millis(delay_ms);
         self.wait = Some(retry_in);
+        self.lost = true;
         WatchEvent::Lost { why, retry_in }
     }
 
@@ -197,6 +211,16 @@ impl RemoteWatch {
     }
 }
 
+/// The wait before reconnecting after a connection that lived `lived_ms` closed: a watch
+/// that was healthy starts the backoff afresh, so its first wait is 100 to 300 ms; a short
+/// one goes on escalating it (an agent that keeps closing watches is not hammered).
+fn after_close(backoff: &mut Backoff, lived_ms: u64, now_ms: u64, draw: u64) -> u64 {
+    if lived_ms >= POLICY.healthy_after_ms {
+        *backoff = Backoff::default();
+    }
+    backoff.fail(&POLICY, Failure::Network, now_ms, draw)
+}
+
 fn is_auth(e: &ClientError) -> bool {
     matches!(e, ClientError::Unauthorized { .. })
 }
@@ -207,4 +231,30 @@ fn ms(d: Duration) -> u64 {
 
 fn draw() -> u64 {
     getrandom::u64().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_wait_after_a_healthy_watch_is_drawn_within_100_to_300_ms() {
+        for draw in [0, 1, 100, 199, 200, 201, u64::MAX] {
+            // However the backoff stood before the watch that lived a minute.
+            let mut b = Backoff::default();
+            for _ in 0..5 {
+                b.fail(&POLICY, Failure::Network, 0, draw);
+            }
+            let first = after_close(&mut b, 60_000, 100_000, draw);
+            assert!((100..=300).contains(&first), "{first} ms for draw {draw}");
+        }
+    }
+
+    #[test]
+    fn short_lived_watches_back_off_further_each_time() {
+        let mut b = Backoff::default();
+        let waits: Vec<u64> = (0..6).map(|i| after_close(&mut b, 50, i * 10_000, 0)).collect();
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert!(waits[0] <= 300 && waits[5] >= 2_500, "{waits:?}");
+    }
 }

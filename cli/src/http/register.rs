@@ -37,8 +37,18 @@ struct RegisterBody {
     checks: Vec<RawCheck>,
 }
 
-/// The body, read within [`BODY_TIMEOUT`] and [`MAX_BODY`], as JSON of `T`.
-async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
+/// An example of a registration's body, for errors.
+const REGISTER_EXAMPLE: &str = r#"{"address": "10.0.0.7:8080"}"#;
+/// An example of a maintenance request's body, for errors.
+const REASON_EXAMPLE: &str = r#"{"reason": "deploy 42"}"#;
+
+/// The body, read within [`BODY_TIMEOUT`] and [`MAX_BODY`], as JSON of `T`; a body that
+/// is not an object is refused with `example`, one that is.
+async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    example: &str,
+) -> Result<T, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -63,6 +73,21 @@ async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Resu
             )
         })?
         .map_err(|_| too_large())?;
+    // Serde takes an array for a struct (its fields in order), so `[1,2]` would be refused
+    // as "expected a string": say what the body is, and what it should be, instead.
+    let kind = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(_)) | Err(_) => None,
+        Ok(Value::Array(_)) => Some("an array"),
+        Ok(Value::String(_)) => Some("a string"),
+        Ok(Value::Number(_)) => Some("a number"),
+        Ok(Value::Bool(_)) => Some("a boolean"),
+        Ok(Value::Null) => Some("null"),
+    };
+    if let Some(kind) = kind {
+        return Err(ApiError::invalid(format!(
+            "the body is {kind}; this endpoint takes a JSON object, e.g. {example} (see docs/reference/http.md)"
+        )));
+    }
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid(format!(
             "the body is not the JSON this endpoint takes: {e}; see docs/reference/http.md"
@@ -101,7 +126,7 @@ pub async fn register(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     params::instance(&name, &id)?;
-    let body: RegisterBody = read_json(&headers, body).await?;
+    let body: RegisterBody = read_json(&headers, body, REGISTER_EXAMPLE).await?;
     let id = app.node.register_owned(service(&name, Some(&id), body)?).await?;
     Ok(Json(json!({ "service": name, "instance": id })))
 }
@@ -115,7 +140,7 @@ pub async fn register_default(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     params::service(&name)?;
-    let body: RegisterBody = read_json(&headers, body).await?;
+    let body: RegisterBody = read_json(&headers, body, REGISTER_EXAMPLE).await?;
     let id = app.node.register_owned(service(&name, None, body)?).await?;
     Ok(Json(json!({ "service": name, "instance": id })))
 }
@@ -156,7 +181,7 @@ async fn reason(headers: &HeaderMap, body: Body) -> Result<String, ApiError> {
     let r: Reason = if empty || !headers.contains_key(header::CONTENT_TYPE) {
         Reason::default()
     } else {
-        read_json(headers, body).await?
+        read_json(headers, body, REASON_EXAMPLE).await?
     };
     Ok(r.reason.unwrap_or_else(|| "maintenance".to_string()))
 }

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use tokio_rustls::TlsAcceptor;
 
+use super::bare_errors::JsonBareErrors;
 use super::Client;
 
 /// The most HTTP connections open at once (watches included); past it, new ones are
@@ -81,7 +82,7 @@ async fn connection(
             addr,
             certificate: false,
         };
-        return serve(TokioIo::new(stream), client, router, stop).await;
+        return serve(stream, client, router, stop).await;
     };
     match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
         Ok(Ok(stream)) => {
@@ -91,15 +92,16 @@ async fn connection(
                 .1
                 .peer_certificates()
                 .is_some_and(|c| !c.is_empty());
-            serve(TokioIo::new(stream), Client { addr, certificate }, router, stop).await;
+            serve(stream, Client { addr, certificate }, router, stop).await;
         }
         Ok(Err(e)) => debug!(%addr, "HTTPS handshake failed: {e}"),
         Err(_) => debug!(%addr, "HTTPS handshake not done within {HEADER_TIMEOUT:?}"),
     }
 }
 
-/// Serves HTTP/1.1 on `io` until the client leaves or the agent stops.
-async fn serve<I>(io: TokioIo<I>, client: Client, router: Router, stop: CancellationToken)
+/// Serves HTTP/1.1 on `io` until the client leaves or the agent stops; a request hyper
+/// cannot parse is answered with the API's JSON error ([`JsonBareErrors`]).
+async fn serve<I>(io: I, client: Client, router: Router, stop: CancellationToken)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -112,7 +114,7 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
-    let conn = builder.serve_connection(io, service);
+    let conn = builder.serve_connection(TokioIo::new(JsonBareErrors::new(io)), service);
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {

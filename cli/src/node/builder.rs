@@ -277,61 +277,79 @@ impl NodeBuilder {
         self
     }
 
+    /// The settings, checked; [`Error::Setting`] names the one out of range.
     fn check(&self) -> Result<(), Error> {
         if let Some(tls) = &self.tls {
             tls.check().map_err(|e| Error::Tls(e.to_string()))?;
         }
         if self.fanout == 0 || self.fanout > 64 {
-            return Err(Error::Invalid(format!(
-                "fanout {} is out of range; use 1 to 64",
-                self.fanout
-            )));
+            return Err(setting(
+                "fanout",
+                format!("fanout {} is out of range; use 1 to 64", self.fanout),
+            ));
         }
         let gossip = millis(self.gossip_interval);
         if !(10..=60_000).contains(&gossip) {
-            return Err(Error::Invalid(format!(
-                "gossip interval {:?} is out of range; use 10ms to 60s",
-                self.gossip_interval
-            )));
+            return Err(setting(
+                "gossip_interval",
+                format!(
+                    "gossip interval {:?} is out of range; use 10ms to 60s",
+                    self.gossip_interval
+                ),
+            ));
         }
         let lease = millis(self.lease_ttl);
         if !(roster_registry::MIN_LEASE_TTL_MS..=roster_registry::MAX_LEASE_TTL_MS).contains(&lease)
             || lease < 3 * gossip
         {
-            return Err(Error::Invalid(format!(
-                "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
-                self.lease_ttl
-            )));
+            return Err(setting(
+                "lease_ttl",
+                format!(
+                    "lease TTL {:?} is out of range; use at least 100ms and 3 gossip intervals, at most 24h",
+                    self.lease_ttl
+                ),
+            ));
         }
         if millis(self.lease_per_member) > roster_registry::MAX_LEASE_TTL_MS {
-            return Err(Error::Invalid(format!(
+            return Err(setting(
+                "lease_per_member",
+                format!(
                 "lease per member {:?} is out of range; use 0s (a lease of --lease-ttl at any size) to 24h",
                 self.lease_per_member
-            )));
+            ),
+            ));
         }
         let skew = millis(self.max_clock_skew);
         if !(MIN_CLOCK_SKEW_MS..=MAX_CLOCK_SKEW_MS).contains(&skew) {
-            return Err(Error::Invalid(format!(
-                "max clock skew {:?} is out of range; use 100ms to 10m",
-                self.max_clock_skew
-            )));
+            return Err(setting(
+                "max_clock_skew",
+                format!(
+                    "max clock skew {:?} is out of range; use 100ms to 10m",
+                    self.max_clock_skew
+                ),
+            ));
         }
         if self.join.len() > proto::MAX_SEEDS {
-            return Err(Error::Invalid(format!(
-                "{} join URLs; give at most {}",
-                self.join.len(),
-                proto::MAX_SEEDS
-            )));
+            return Err(setting(
+                "join",
+                format!("{} join URLs; give at most {}", self.join.len(), proto::MAX_SEEDS),
+            ));
         }
         for url in &self.join {
             if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
-                return Err(Error::Invalid(format!(
-                    "join URL {url:?} is not ws://host:port or wss://host:port"
-                )));
+                return Err(setting(
+                    "join",
+                    format!("join URL {url:?} is not ws://host:port or wss://host:port"),
+                ));
             }
         }
         Ok(())
     }
+}
+
+/// An out-of-range setting, named by its builder method.
+fn setting(name: &'static str, message: String) -> Error {
+    Error::Setting { name, message }
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl Node {
                 Ok(())
             }
             _ => Err(Error::NotFound(format!(
-                "this node owns no instance {instance:?} of {service:?} with a TTL check; register it with --check-ttl"
+                "this node owns no instance {instance:?} of {service:?} with a TTL check; register it with a ttl check first"
             ))),
         }
     }

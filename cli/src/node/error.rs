@@ -16,6 +16,16 @@ pub enum Error {
     /// Bad input: a name, an address, metadata, a TTL.
     #[error("{0}")]
     Invalid(String),
+    /// A setting of the [`NodeBuilder`](crate::NodeBuilder) is out of range or malformed;
+    /// nothing started.
+    #[error("{message}")]
+    Setting {
+        /// The builder method that set it: `fanout`, `gossip_interval`, `lease_ttl`,
+        /// `lease_per_member`, `max_clock_skew` or `join`.
+        name: &'static str,
+        /// What is wrong, and what to use.
+        message: String,
+    },
     /// The TLS files (`NodeBuilder::tls`) could not be read or do not fit together.
     #[error("TLS: {0}")]
     Tls(String),

@@ -252,6 +252,24 @@ fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
     let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("line 3"), "{}", text(&out.stderr));
+    // A value the node refuses names the file and the line too, unless a flag set it.
+    std::fs::write(&cfg, "listen = \"127.0.0.1:0\"\n\nfanout = 65\n").unwrap();
+    let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "config file {}, line 3: fanout 65 is out of range",
+            cfg.display()
+        )),
+        "{err}"
+    );
+    let out = roster(&["agent", "--config", cfg.to_str().unwrap(), "--fanout", "70"]);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("fanout 70 is out of range") && !err.contains("config file"),
+        "{err}"
+    );
     std::fs::write(&cfg, "listen = \"127.0.0.1:0\"\ngossip-intervall = \"1s\"\n").unwrap();
     let out = roster(&["agent", "--config", cfg.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
@@ -432,6 +450,21 @@ fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() 
         b.json(&["get", "web"])[0]["address"],
         "127.0.0.1:80",
         "nothing changed"
+    );
+    // Deregistering it through b is refused the same way: the error names the owner.
+    let out = b.roster(&["deregister", "web", "w1"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("registered by node a") && err.contains(&a.url) && err.lines().count() == 1,
+        "{err}"
+    );
+    // An instance nobody holds is still just not found.
+    let out = b.roster(&["deregister", "web", "w9"]);
+    assert!(
+        text(&out.stderr).contains("owns no instance"),
+        "{}",
+        text(&out.stderr)
     );
 
     assert!(a.roster(&["deregister", "web", "w1"]).status.success());

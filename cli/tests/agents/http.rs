@@ -162,7 +162,7 @@ fn the_http_reference_runs_as_written_against_a_real_agent() {
     let printed = text(&out.stdout);
     assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
     assert!(
-        printed.contains("[('api-1', '10.0.0.9:9000', 'passing')]"),
+        printed.contains("[('billing-1', '10.0.0.9:9000', 'passing')]"),
         "{printed}"
     );
     assert!(printed.contains("refused: 400 invalid:"), "{printed}");
@@ -222,11 +222,10 @@ fn a_registration_over_http_reaches_every_agent_and_each_endpoint_answers_json()
         ids(&curl(&[&format!("{hb}/v1/services/web")])) == ["web-2"]
     });
     assert_eq!(curl(&["-X", "DELETE", &web1]).error(404), "not_found");
-    // Not this agent's: it cannot deregister what b does not own.
-    assert_eq!(
-        curl(&["-X", "DELETE", &format!("{hb}/v1/services/web/instances/web-2")]).error(404),
-        "not_found"
-    );
+    // Not this agent's: it cannot deregister what b does not own, and says who does.
+    let r = curl(&["-X", "DELETE", &format!("{hb}/v1/services/web/instances/web-2")]);
+    assert_eq!(r.error(409), "failed");
+    assert!(r.body.contains("registered by node a"), "{}", r.body);
     assert_eq!(curl(&[&format!("{ha}/v1/nothing")]).error(404), "not_found");
     assert_eq!(
         curl(&["-X", "POST", &format!("{ha}/v1/services")]).error(405),
@@ -358,6 +357,18 @@ fn bad_http_input_is_refused_clearly_and_the_agent_keeps_serving() {
     let inst = format!("{h}/v1/services/web/instances/web-1");
     for (body, code, says) in [
         ("{not json", 400, "not the JSON"),
+        // An array would be read as the fields in order ("expected a string"): say what
+        // the body should be instead.
+        (
+            "[1,2]",
+            400,
+            "the body is an array; this endpoint takes a JSON object",
+        ),
+        (
+            "\"10.0.0.7:80\"",
+            400,
+            "the body is a string; this endpoint takes a JSON object",
+        ),
         (
             r#"{"address": "10.0.0.7:80", "colour": "red"}"#,
             400,
@@ -483,16 +494,21 @@ fn the_agent_refuses_http_settings_it_cannot_honour_in_one_line() {
     let open = path_str(&open_file);
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy_addr = busy.local_addr().unwrap().to_string();
-    for (args, says) in [
-        (vec!["--http-listen", "0.0.0.0:0"], "--http-token-file"),
-        (vec!["--http-token-file", &open], "chmod 600"),
-        (vec!["--http-require-token"], "needs --http-token-file"),
-        (vec!["--http-listen", &busy_addr], "cannot listen for HTTP"),
-        (vec!["--http-listen", "off", "--http-require-token"], "drop them"),
+    for (args, says, code) in [
+        (vec!["--http-listen", "0.0.0.0:0"], "--http-token-file", 2),
+        (vec!["--http-token-file", &open], "chmod 600", 2),
+        (vec!["--http-require-token"], "needs --http-token-file", 2),
+        // A port in use is a failure to bind (1), as for --listen.
+        (vec!["--http-listen", &busy_addr], "cannot listen for HTTP", 1),
+        (
+            vec!["--http-listen", "off", "--http-require-token"],
+            "drop them",
+            2,
+        ),
     ] {
         let out = roster(&[&["agent", "--listen", "127.0.0.1:0", "--data-dir", d][..], &args].concat());
         let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(says) && err.lines().count() == 1, "{args:?}: {err}");
     }
     let agent = Agent::start(&dir, "quiet", &["--http-listen", "off"]);
@@ -579,4 +595,89 @@ fn metrics_are_in_prometheus_text_and_discovery_lists_the_passing_instances() {
         curl(&[&format!("{h}/v1/sd/prometheus?job=x")]).error(400),
         "invalid"
     );
+}
+
+/// What an HTTP error says to change is a JSON field or a path segment, never a flag of
+/// the `roster` CLI, which an HTTP client does not have.
+#[test]
+fn http_errors_name_json_fields_not_cli_flags() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, ha) = http_agent(&root.path().join("a"), "a", &["--enable-exec-checks"]);
+    let (_b, hb) = http_agent(&root.path().join("b"), "b", &["--join", &a.url]);
+    let no_cli_flag = |r: &Reply| {
+        for flag in ["--id", "--ttl", "--check-", "--meta", "--from-file"] {
+            assert!(!r.body.contains(flag), "{flag} in an HTTP error: {}", r.body);
+        }
+    };
+    let inst = |h: &str, id: &str| format!("{h}/v1/services/web/instances/{id}");
+    assert_eq!(put(&inst(&ha, "w1"), r#"{"address": "127.0.0.1:80"}"#).code, 200);
+    for (r, code) in [
+        (
+            put(&inst(&ha, "w2"), r#"{"address": "127.0.0.1:80", "ttl": "25h"}"#),
+            400,
+        ),
+        (
+            put(
+                &inst(&ha, "w2"),
+                r#"{"address": "127.0.0.1:80", "checks": [{"exec": ""}]}"#,
+            ),
+            400,
+        ),
+        (curl(&["-X", "PUT", &format!("{}/pass", inst(&ha, "w1"))]), 404),
+    ] {
+        r.error(code);
+        no_cli_flag(&r);
+    }
+    eventually("b to see w1", || {
+        ids(&curl(&[&format!("{hb}/v1/services/web")])).len() == 1
+    });
+    let r = put(&inst(&hb, "w1"), r#"{"address": "127.0.0.2:80"}"#);
+    assert_eq!(r.error(409), "failed");
+    assert!(r.body.contains("registered by node a"), "{}", r.body);
+    no_cli_flag(&r);
+}
+
+/// A CLI given the HTTP API's port is told it reached the HTTP API and which port to give,
+/// not that no agent runs there.
+#[test]
+fn a_cli_pointed_at_the_http_port_is_told_it_reached_the_http_api() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let ws = h.replace("http://", "ws://");
+    let out = roster(&["ls", "--agent", &ws]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("HTTP API") && err.contains("--listen"), "{err}");
+    assert!(!err.contains("start one with"), "an agent answers there: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// A request the server cannot even parse gets the API's JSON error body, as every other
+/// error does, not a bare 400; and the agent goes on serving.
+#[test]
+fn a_garbage_request_gets_the_json_error_body() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let port: u16 = h.rsplit(':').next().unwrap().parse().unwrap();
+    for garbage in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET /v1/status HTTP/1.1\r\nno colon here\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(garbage).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let shown = String::from_utf8_lossy(garbage);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with("HTTP/1.1 400 "), "{shown:?}: {answer}");
+        assert!(
+            head.contains("content-type: application/json"),
+            "{shown:?}: {head}"
+        );
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{shown:?}: {e}: {body:?}"));
+        assert_eq!(v["error"]["kind"], "invalid", "{body}");
+    }
+    assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
 }

@@ -213,6 +213,63 @@ fn a_watch_on_an_agent_that_restarts_goes_on_without_repeating_or_missing_a_chan
     );
 }
 
+/// What a watch says on stderr while its agent restarts: a reconnect line per try with no
+/// stray space, the hint to start an agent once, and a line once it is back.
+#[test]
+fn a_watch_says_once_how_to_start_an_agent_and_says_when_it_is_back() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    assert!(a
+        .roster(&["register", "web", "127.0.0.1:80", "--id", "w1"])
+        .status
+        .success());
+    let mut child = Command::new(BIN)
+        .args(["watch", "web", "--agent", &a.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines_of(child.stdout.take().unwrap());
+    let err = lines_of(child.stderr.take().unwrap());
+    let watch = Watcher { child, lines: out };
+    let up = watch.lines.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(up.starts_with("up    web  w1"), "{up}");
+
+    let (dir, port) = (a.dir.clone(), a.port);
+    assert!(a.terminate().success());
+    // Down long enough for a few retries to be refused.
+    let mut said = Vec::new();
+    while said.len() < 3 {
+        said.push(
+            err.recv_timeout(Duration::from_secs(10))
+                .expect("a reconnect line"),
+        );
+    }
+    let back = Agent::start_on(&dir, "a", &format!("127.0.0.1:{port}"), &[]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !said.last().unwrap().contains("reconnected") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        said.push(err.recv_timeout(left).expect("a line once reconnected"));
+    }
+    let retries = &said[..said.len() - 1];
+    assert!(
+        retries
+            .iter()
+            .all(|l| l.starts_with("roster: watch: ") && l.contains("; reconnecting in ")),
+        "{said:#?}"
+    );
+    assert!(!said.iter().any(|l| l.contains(" ;")), "a stray space: {said:#?}");
+    let hints = said.iter().filter(|l| l.contains("start one with")).count();
+    assert_eq!(hints, 1, "the hint once: {said:#?}");
+    assert_eq!(
+        said.last().unwrap(),
+        &format!(
+            "roster: watch: reconnected to {}; what changed meanwhile follows",
+            back.url
+        )
+    );
+}
+
 #[test]
 fn roster_leave_removes_an_agents_registrations_everywhere_at_once_and_stops_it() {
     let root = tempfile::tempdir().unwrap();
