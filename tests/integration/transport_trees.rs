@@ -15,10 +15,19 @@ const N: usize = 30;
 
 /// `N` nodes in step, with links that stay (no rotation), every member known.
 fn cluster(mode: Dissemination, seed: u64) -> Sim {
+    cluster_with(
+        Config {
+            dissemination: mode,
+            ..config()
+        },
+        seed,
+    )
+}
+
+fn cluster_with(cfg: Config, seed: u64) -> Sim {
     let cfg = Config {
-        dissemination: mode,
         rotate_interval_ms: 0,
-        ..config()
+        ..cfg
     };
     let mut sim = Sim::new(N, cfg, Faults::NONE, seed);
     let known = |sim: &Sim| {
@@ -123,5 +132,32 @@ fn once_faults_stop_every_change_reaches_every_live_node_and_a_hole_in_a_tree_ou
         repaired,
         "a change after the repair needed grafts again ({} before it; seed {seed})",
         repaired - before
+    );
+}
+
+#[test]
+fn connections_dialed_for_an_exchange_carry_no_pushes_and_leave_no_hole_in_a_tree() {
+    let seed = sim_seed("exchange_holes");
+    // An exchange every 2 s, dialing a member with no link every time: a push that came
+    // first by such a connection, then closed, left a node off its root's tree.
+    let cfg = Config {
+        digest_interval_ms: 2_000,
+        sync_dial_interval_ms: 1,
+        ..config()
+    };
+    let mut sim = cluster_with(cfg, seed);
+    for root in 0..5 {
+        change(&mut sim, root, &format!("formed-{root}"), seed);
+    }
+    let before = grafted(&sim);
+    for round in 0..4 {
+        for root in 0..5 {
+            change(&mut sim, root, &format!("later-{round}-{root}"), seed);
+        }
+    }
+    assert_eq!(
+        grafted(&sim),
+        before,
+        "changes on formed trees needed grafts (seed {seed})"
     );
 }

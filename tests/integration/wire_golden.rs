@@ -9,7 +9,7 @@ use roster::check::Check;
 use roster::store::OwnedRecord;
 use roster_registry::{Hlc, ReplicaId, Status};
 use roster_transport::handshake::{HandshakeMessage, Hello, RefusalKind};
-use roster_transport::message::{Envelope, Message};
+use roster_transport::message::{ChangeId, Envelope, Message, Tagged};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -38,6 +38,54 @@ fn peer_messages_keep_their_encoding() {
         assert_eq!(Envelope::decode(&bytes).unwrap(), env);
     }
 }
+
+#[test]
+fn tree_messages_keep_their_encoding() {
+    let id = ChangeId {
+        root: ReplicaId(0x0102),
+        at: Hlc::new(1_700_000_000_000, 1),
+    };
+    let tagged = Tagged { id, hops: 3 };
+    let cases = [
+        (
+            Message::Push {
+                seq: Some(9),
+                delta: vec![1, 2],
+                ids: vec![tagged],
+                resend: false,
+            },
+            PEER_PUSH,
+        ),
+        (Message::IHave { ids: vec![tagged] }, PEER_IHAVE),
+        (Message::Graft { ids: vec![id] }, PEER_GRAFT),
+        (
+            Message::Prune {
+                roots: vec![ReplicaId(0x0102)],
+            },
+            PEER_PRUNE,
+        ),
+        (Message::ExchangeOnly, PEER_EXCHANGE_ONLY),
+    ];
+    let mut changed = Vec::new();
+    for (message, want) in cases {
+        let env = Envelope {
+            sent_at: Hlc::new(1_700_000_000_000, 3),
+            message,
+        };
+        let bytes = env.encode();
+        if hex(&bytes) != want {
+            changed.push(format!("{}: {}", env.message.kind(), hex(&bytes)));
+        }
+        assert_eq!(Envelope::decode(&bytes).unwrap(), env);
+    }
+    assert!(changed.is_empty(), "encodings changed: {changed:?}");
+}
+
+const PEER_PUSH: &str = "838080c0d6fcf3c5010a0109020102018202818080c0d6fcf3c5010300";
+const PEER_IHAVE: &str = "838080c0d6fcf3c5010b018202818080c0d6fcf3c50103";
+const PEER_GRAFT: &str = "838080c0d6fcf3c5010c018202818080c0d6fcf3c501";
+const PEER_PRUNE: &str = "838080c0d6fcf3c5010d018202";
+const PEER_EXCHANGE_ONLY: &str = "838080c0d6fcf3c5010e";
 
 const PEER_ACK: &str = "838080c0d6fcf3c501032a";
 const PEER_GOODBYE: &str = "838080c0d6fcf3c5010603627965";
@@ -72,9 +120,9 @@ fn handshake_frames_keep_their_encoding() {
     }
 }
 
-const HANDSHAKE_HELLO: &str = "04000764656661756c74820201611377733a2f2f3132372e302e302e313a37343230090909090909090909090909090909090909090909090909090909090909090980d095ffbc31";
-const HANDSHAKE_PROOF: &str = "0402010101010101010101010101010101010101010101010101010101010101010101";
-const HANDSHAKE_REFUSED: &str = "0404010f616e6f7468657220636c7573746572";
+const HANDSHAKE_HELLO: &str = "05000764656661756c74820201611377733a2f2f3132372e302e302e313a37343230090909090909090909090909090909090909090909090909090909090909090980d095ffbc31";
+const HANDSHAKE_PROOF: &str = "0502010101010101010101010101010101010101010101010101010101010101010101";
+const HANDSHAKE_REFUSED: &str = "0504010f616e6f7468657220636c7573746572";
 
 fn instance() -> InstanceView {
     InstanceView {

@@ -52,6 +52,7 @@ fn main() {
                 dissemination: mode,
                 max_outbound: links,
                 fanout: links,
+                sync_dial_interval_ms: env_u64("SIM_SYNC_DIAL_MS", d.sync_dial_interval_ms),
                 ..d
             };
             let mut sim = settled(n, cfg, seed);

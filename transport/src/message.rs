@@ -153,6 +153,10 @@ pub enum Message {
         /// The roots, at most [`MAX_TREE_IDS`].
         roots: Vec<roster_registry::ReplicaId>,
     },
+    /// The sender dialed this connection for one anti-entropy exchange: it is no link, so
+    /// push nothing on it (a change that came first by it would prune the receiver's tree
+    /// link, and leave a hole when it closes).
+    ExchangeOnly,
 }
 
 /// A message with the sender's clock, so a receiver can refuse a peer whose clock runs
@@ -264,6 +268,7 @@ impl Message {
             Message::IHave { .. } => "ihave",
             Message::Graft { .. } => "graft",
             Message::Prune { .. } => "prune",
+            Message::ExchangeOnly => "exchange-only",
         }
     }
 

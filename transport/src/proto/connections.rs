@@ -436,6 +436,10 @@ impl Node {
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
         p.last_seen_ms = now.wall_ms;
+        // Dialed for an exchange: the peer pushes nothing on it either.
+        if sync {
+            self.send(conn, Message::ExchangeOnly, now);
+        }
         // Each side says what it has seen, as hashes: the other answers with its digest when
         // they differ, and the exchange goes on from there; nodes in step stop here.
         let state = message::state_hash(self.replica.state());

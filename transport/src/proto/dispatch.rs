@@ -79,6 +79,11 @@ impl Node {
             Message::IHave { ids } => self.on_ihave(peer, ids, now),
             Message::Graft { ids } => self.on_graft(peer, ids, now),
             Message::Prune { roots } => self.on_prune(peer, roots),
+            Message::ExchangeOnly => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sync = true;
+                }
+            }
             Message::Goodbye { .. } => {
                 self.forget_conn(conn, now);
                 self.outputs.push_back(Output::Close {

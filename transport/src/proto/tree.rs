@@ -69,12 +69,21 @@ struct Missing {
     graft_at: u64,
 }
 
+/// Where a root's newest change came from.
+#[derive(Debug, Clone, Copy)]
+struct Parent {
+    at: Hlc,
+    peer: ReplicaId,
+}
+
 /// A node's trees.
 #[derive(Debug, Default)]
 pub(super) struct Trees {
     /// For each peer, the roots whose changes it is not pushed (lazy links).
     held: BTreeMap<ReplicaId, BTreeSet<ReplicaId>>,
     seen: BTreeMap<ReplicaId, Seen>,
+    /// For each root, its newest change that arrived here and the peer it came from.
+    parent: BTreeMap<ReplicaId, Parent>,
     missing: BTreeMap<ChangeId, Missing>,
     /// Announcements waiting for the next flush, per peer.
     announce: BTreeMap<ReplicaId, Vec<Tagged>>,
@@ -109,6 +118,20 @@ impl Trees {
         self.seen.entry(id.root).or_default().insert(id.at)
     }
 
+    /// The new change `t` came from `peer`.
+    pub(super) fn arrived_from(&mut self, peer: ReplicaId, t: Tagged) {
+        let newer = self.parent.get(&t.id.root).is_none_or(|p| p.at < t.id.at);
+        if newer && (self.parent.contains_key(&t.id.root) || self.parent.len() < MAX_ROOTS) {
+            let parent = Parent { at: t.id.at, peer };
+            self.parent.insert(t.id.root, parent);
+        }
+    }
+
+    /// Whether `peer` brought the newest change of `root` here first.
+    pub(super) fn is_parent(&self, root: ReplicaId, peer: ReplicaId) -> bool {
+        self.parent.get(&root).is_some_and(|p| p.peer == peer)
+    }
+
     /// `peer` is pushed `root`'s changes no more.
     pub(super) fn prune(&mut self, peer: ReplicaId, root: ReplicaId) {
         let held = self.held.entry(peer).or_default();
@@ -132,6 +155,7 @@ impl Trees {
     pub(super) fn forget_peer(&mut self, peer: ReplicaId) {
         self.held.remove(&peer);
         self.announce.remove(&peer);
+        self.parent.retain(|_, p| p.peer != peer);
         for m in self.missing.values_mut() {
             m.announcers.retain(|(p, _)| *p != peer);
         }
@@ -288,6 +312,23 @@ mod tests {
         assert!(t.observe(id(1, 10)));
         assert!(t.due_grafts(80, 40).is_empty());
         assert!(!t.announced(ReplicaId(8), tagged(1, 10), 90), "already had");
+    }
+
+    #[test]
+    fn the_peer_that_brought_a_roots_newest_change_is_its_parent() {
+        let mut t = Trees::default();
+        let (a, b) = (ReplicaId(7), ReplicaId(8));
+        let at = |change| Tagged {
+            id: id(1, change),
+            hops: 2,
+        };
+        t.arrived_from(a, at(10));
+        t.arrived_from(b, at(9));
+        assert!(t.is_parent(ReplicaId(1), a), "an older change does not move it");
+        t.arrived_from(b, at(11));
+        assert!(t.is_parent(ReplicaId(1), b) && !t.is_parent(ReplicaId(2), b));
+        t.forget_peer(b);
+        assert!(!t.is_parent(ReplicaId(1), b));
     }
 
     #[test]

@@ -34,7 +34,8 @@ impl Node {
 
     /// A push on the trees: admitted, joined, acknowledged (unless it answers a graft).
     /// Changes it carries that we had already came by another link first: unless it is a
-    /// resend, the link is pruned for their roots, both ways.
+    /// resend, or the link brought the root's newest change, it is pruned for their roots,
+    /// both ways.
     #[allow(clippy::too_many_arguments)] // the fields of one message, taken apart
     pub(super) fn on_push(
         &mut self,
@@ -49,19 +50,35 @@ impl Node {
         let delta = message::decode_delta(delta)?;
         self.peers.entry(peer).or_default().digest_sent_at = None;
         self.admit(&delta, now)?;
+        // On a connection for an exchange, no link of any tree: what it taught floods on,
+        // named by nothing, and its names stay unseen, so the copy its tree brings is no
+        // reason to prune the tree's own link.
+        let ids = match self.conns.get(&conn).is_some_and(|c| c.sync) {
+            true => Vec::new(),
+            false => ids,
+        };
         let (mut fresh, mut fresh_roots, mut copied) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
         for t in ids {
             if self.trees.observe(t.id) {
-                fresh_roots.insert(t.id.root);
-                fresh.push(Tagged {
+                let here = Tagged {
                     id: t.id,
                     hops: t.hops.saturating_add(1),
-                });
+                };
+                self.trees.arrived_from(peer, here);
+                fresh_roots.insert(t.id.root);
+                fresh.push(here);
             } else {
                 copied.insert(t.id.root);
             }
         }
-        let prune: Vec<ReplicaId> = copied.difference(&fresh_roots).copied().collect();
+        // Not the link the root's newest change came by: two changes of one root that
+        // crossed while its tree formed (a write right after another) would otherwise each
+        // prune the other's first link, and leave the node with none.
+        let prune: Vec<ReplicaId> = copied
+            .difference(&fresh_roots)
+            .filter(|r| !self.trees.is_parent(**r, peer))
+            .copied()
+            .collect();
         if !resend && !prune.is_empty() {
             self.counters.duplicate_pushes += 1;
             for r in &prune {
