@@ -427,7 +427,7 @@ fn an_idle_cluster_sends_only_digests_and_renewals() {
             assert!(
                 // Renewals flooded or pushed on their trees, their announcements on the
                 // other links and the prunes that form the trees; a connection dialed for
-                // an anti-entropy exchange ends with a goodbye.
+                // an anti-entropy exchange says so and ends with a goodbye.
                 matches!(
                     *kind,
                     "digest-hash"
@@ -436,6 +436,7 @@ fn an_idle_cluster_sends_only_digests_and_renewals() {
                         | "push-leases"
                         | "ihave"
                         | "prune"
+                        | "exchange-only"
                         | "goodbye"
                         | "ack"
                 ),

@@ -52,11 +52,18 @@ fn tree_messages_keep_their_encoding() {
                 seq: Some(9),
                 delta: vec![1, 2],
                 ids: vec![tagged],
+                announced: vec![tagged],
                 resend: false,
             },
             PEER_PUSH,
         ),
-        (Message::IHave { ids: vec![tagged] }, PEER_IHAVE),
+        (
+            Message::IHave {
+                seq: Some(9),
+                ids: vec![tagged],
+            },
+            PEER_IHAVE,
+        ),
         (Message::Graft { ids: vec![id] }, PEER_GRAFT),
         (
             Message::Prune {
@@ -81,8 +88,9 @@ fn tree_messages_keep_their_encoding() {
     assert!(changed.is_empty(), "encodings changed: {changed:?}");
 }
 
-const PEER_PUSH: &str = "838080c0d6fcf3c5010a0109020102018202818080c0d6fcf3c5010300";
-const PEER_IHAVE: &str = "838080c0d6fcf3c5010b018202818080c0d6fcf3c50103";
+const PEER_PUSH: &str =
+    "838080c0d6fcf3c5010a0109020102018202818080c0d6fcf3c50103018202818080c0d6fcf3c5010300";
+const PEER_IHAVE: &str = "838080c0d6fcf3c5010b0109018202818080c0d6fcf3c50103";
 const PEER_GRAFT: &str = "838080c0d6fcf3c5010c018202818080c0d6fcf3c501";
 const PEER_PRUNE: &str = "838080c0d6fcf3c5010d018202";
 const PEER_EXCHANGE_ONLY: &str = "838080c0d6fcf3c5010e";

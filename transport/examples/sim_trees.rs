@@ -60,7 +60,26 @@ fn main() {
             if std::env::var("SIM_WARM").is_ok() {
                 warm(&mut sim, n);
             }
+            let opened_of = |sim: &Sim| {
+                (0..n).filter_map(|i| sim.node(i)).fold((0, 0), |(c, x), node| {
+                    let k = node.counters();
+                    (c + k.connections, x + k.exchange_dials)
+                })
+            };
+            let (c0, x0) = opened_of(&sim);
+            let sent0: u64 = (0..n).map(|i| sim.traffic(i).bytes_sent).sum();
             sim.run_for(idle_s * 1_000);
+            let (c1, x1) = opened_of(&sim);
+            let sent1: u64 = (0..n).map(|i| sim.traffic(i).bytes_sent).sum();
+            let hours = idle_s as f64 / 3_600.0;
+            // Each connection opens at both its ends; an exchange's connection is no link.
+            let opened = (c1 - c0) as f64 / 2.0 - (x1 - x0) as f64;
+            eprintln!(
+                "{n} {mode:?}: idle {idle_s} s: {:.2} links opened per node per hour, {:.2} exchange dials per node per hour, {:.0} bytes sent per node per minute",
+                opened / n as f64 / hours,
+                (x1 - x0) as f64 / n as f64 / hours,
+                (sent1 - sent0) as f64 / n as f64 / (idle_s as f64 / 60.0)
+            );
             eprintln!("{n} {mode:?}: idled, {:.1} s wall", t0.elapsed().as_secs_f64());
             let sum = |sim: &Sim| {
                 (0..n)

@@ -132,6 +132,9 @@ pub enum Message {
         delta: Vec<u8>,
         /// The changes it carries, at most [`MAX_TREE_IDS`].
         ids: Vec<Tagged>,
+        /// Changes held back from this link (off their trees here), announced with the
+        /// push so they share its fate, at most [`MAX_TREE_IDS`].
+        announced: Vec<Tagged>,
         /// Sent before (a repair round's resend, or a graft's answer): a copy the receiver
         /// already had is then no reason to prune.
         resend: bool,
@@ -139,6 +142,9 @@ pub enum Message {
     /// Changes the sender has and did not push on this link (it is off their trees here):
     /// a receiver that lacks one grafts it after a timeout.
     IHave {
+        /// The sender's buffer number this brings the receiver up to, acknowledged like a
+        /// delta's, when no delta went with it; `None` beside a delta, which carries it.
+        seq: Option<u64>,
         /// The changes, at most [`MAX_TREE_IDS`].
         ids: Vec<Tagged>,
     },
@@ -280,7 +286,8 @@ impl Message {
     /// How many changes or roots a tree message names (`None` for the others).
     pub fn tree_ids(&self) -> Option<usize> {
         match self {
-            Message::Push { ids, .. } | Message::IHave { ids } => Some(ids.len()),
+            Message::Push { ids, announced, .. } => Some(ids.len().max(announced.len())),
+            Message::IHave { ids, .. } => Some(ids.len()),
             Message::Graft { ids } => Some(ids.len()),
             Message::Prune { roots } => Some(roots.len()),
             _ => None,
@@ -291,7 +298,7 @@ impl Message {
     pub fn seq(&self) -> Option<u64> {
         match self {
             Message::Delta { seq, .. } | Message::Elided { seq, .. } | Message::Ack { seq } => Some(*seq),
-            Message::Push { seq, .. } => *seq,
+            Message::Push { seq, .. } | Message::IHave { seq, .. } => *seq,
             _ => None,
         }
     }

@@ -237,6 +237,35 @@ impl Snapshot {
             "roster_instances_lapsed",
             "Instances reads stopped showing because their lease ended without a renewal.",
             p.instances_lapsed,
+        )?;
+        self.encode_trees(e)
+    }
+
+    fn encode_trees(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let p = &self.counters.protocol;
+        counter(
+            e,
+            "roster_duplicate_pushes",
+            "Pushes on the trees that carried only changes this node had (each prunes a link).",
+            p.duplicate_pushes,
+        )?;
+        counter(
+            e,
+            "roster_changes_announced",
+            "Changes announced on links off their trees.",
+            p.changes_announced,
+        )?;
+        counter(
+            e,
+            "roster_changes_grafted",
+            "Changes asked of an announcer after they did not arrive on their tree in time.",
+            p.changes_grafted,
+        )?;
+        counter(
+            e,
+            "roster_exchange_dials",
+            "Dials of a member with no link for one anti-entropy exchange.",
+            p.exchange_dials,
         )
     }
 

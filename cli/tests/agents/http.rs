@@ -588,6 +588,7 @@ fn metrics_are_in_prometheus_text_and_discovery_lists_the_passing_instances() {
         m.lines()
             .any(|l| l == "roster_check_results_total{kind=\"ttl\",outcome=\"pass\"} 1")
             && m.lines().any(|l| l == "roster_instances_lapsed_total 0")
+            && m.lines().any(|l| l == "roster_changes_grafted_total 0")
     });
     let only_web = curl(&[&format!("{h}/v1/sd/prometheus?service=web")]).json();
     assert_eq!(only_web.as_array().unwrap().len(), 2, "{only_web}");

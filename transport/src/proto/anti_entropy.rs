@@ -40,6 +40,7 @@ impl Node {
                     p.sync_dial = true;
                 }
                 self.counters.dials += 1;
+                self.counters.exchange_dials += 1;
                 self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
             }
             _ => {

@@ -74,9 +74,13 @@ impl Node {
                 seq,
                 delta,
                 ids,
+                announced,
                 resend,
-            } => self.on_push(conn, peer, seq, &delta, ids, resend, now)?,
-            Message::IHave { ids } => self.on_ihave(peer, ids, now),
+            } => {
+                self.on_push(conn, peer, seq, &delta, ids, resend, now)?;
+                self.on_ihave(conn, peer, None, announced, now);
+            }
+            Message::IHave { seq, ids } => self.on_ihave(conn, peer, seq, ids, now),
             Message::Graft { ids } => self.on_graft(peer, ids, now),
             Message::Prune { roots } => self.on_prune(peer, roots),
             Message::ExchangeOnly => {

@@ -7,7 +7,7 @@ use roster_registry::{CausalContext, Refusal, ReplicaId, State};
 
 use super::{ConnId, Node, Now, Output, MAX_FORWARD_DOTS};
 use crate::buffer::Recipient;
-use crate::message::{self, Envelope, Message, Tagged, MAX_DELTA_ENTRIES};
+use crate::message::{self, Envelope, Message, Tagged, MAX_DELTA_ENTRIES, MAX_TREE_IDS};
 use roster_registry::codec::encode_state;
 
 /// Unacknowledged deltas holding at most this many entries are resent at every repair
@@ -120,20 +120,20 @@ impl Node {
             self.send_full_unless_in_flight(peer, now);
             return;
         };
-        let (message, announce) = self.buffered_message(peer, a, until, to, repair);
-        if !announce.is_empty() {
-            let due = now.mono_ms + self.cfg.announce_delay_ms;
-            self.trees.queue_announce(peer, announce, due);
-        }
-        match message {
-            Some(message) => self.send_to_peer(peer, message, now),
-            // Everything up to there was learnt from the peer itself, or is announced.
-            None if acked == Some(a) => {
-                if let Some(p) = self.peers.get_mut(&peer) {
-                    p.acked = Some(until);
-                }
+        let messages = self.buffered_messages(peer, a, until, to, repair);
+        if messages.is_empty() && acked == Some(a) {
+            // Everything up to there was learnt from the peer itself.
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.acked = Some(until);
             }
-            None => {}
+        }
+        for message in messages {
+            self.counters.changes_announced += match &message {
+                Message::Push { announced, .. } => announced.len() as u64,
+                Message::IHave { ids, .. } => ids.len() as u64,
+                _ => 0,
+            };
+            self.send_to_peer(peer, message, now);
         }
         let wait = self.cfg.resend_after_ms;
         if let Some(p) = self.peers.get_mut(&peer) {
@@ -147,17 +147,19 @@ impl Node {
         }
     }
 
-    /// The message carrying the buffered deltas after `a` up to `until` to `to` (`None`
-    /// when none goes), and the changes held back from it, to announce: those not
-    /// announced yet (a resend's range was announced when first passed).
-    fn buffered_message(
+    /// The messages carrying the buffered deltas after `a` up to `until` to `to`, and on
+    /// the trees announcing those held back from it: inside the push when one goes, so
+    /// they share its fate; alone, and acknowledged like a delta, when none does. A
+    /// repair round announces again what it resends (a lost announcement would leave a
+    /// hole no graft mends); a push announces only what was not announced yet.
+    fn buffered_messages(
         &self,
         peer: ReplicaId,
         a: u64,
         until: u64,
         to: Recipient<'_>,
         repair: bool,
-    ) -> (Option<Message>, Vec<Tagged>) {
+    ) -> Vec<Message> {
         // Since the start of this process, to a peer whose digest says it has most
         // of it already: only what it lacks, trimmed delta by delta.
         let seen = self
@@ -176,21 +178,49 @@ impl Node {
                 .map(|delta| encode_state(&delta))
         });
         if !self.on_trees() {
-            return (bytes.map(|b| Message::encoded_delta(until, &b)), Vec::new());
+            return bytes
+                .map(|b| Message::encoded_delta(until, &b))
+                .into_iter()
+                .collect();
         }
-        let sent = self.peers.get(&peer).and_then(|p| p.sent).unwrap_or(a);
-        let announce = self.buffer.tags_between(a.max(sent), until, to, true);
+        let from = match repair {
+            true => a,
+            false => a.max(self.peers.get(&peer).and_then(|p| p.sent).unwrap_or(a)),
+        };
+        let announce = self.buffer.tags_between(from, until, to, true);
+        if announce.len() > MAX_TREE_IDS {
+            // More than one announcement may name: push it all instead.
+            return self.buffered_messages(peer, a, until, Recipient { held: None, ..to }, repair);
+        }
         let ids = self.buffer.tags_between(a, until, to, false);
-        let message = bytes.map(|delta| match ids.is_empty() {
-            true => Message::encoded_delta(until, &delta),
-            false => Message::Push {
+        // A catch-up trimmed by the peer's digest (a restart's) or one naming more changes
+        // than a push may goes as a plain delta: its names would outweigh what it carries
+        // (a restart that missed 10 changes moved 27 KB of them for a 53 KB registry).
+        let plain = ids.is_empty() || seen.is_some() || ids.len() > MAX_TREE_IDS;
+        match (bytes, plain) {
+            (Some(delta), false) => vec![Message::Push {
                 seq: Some(until),
                 delta,
                 ids,
+                announced: announce,
                 resend: repair,
-            },
-        });
-        (message, announce)
+            }],
+            (Some(delta), true) => {
+                let mut out = vec![Message::encoded_delta(until, &delta)];
+                if !announce.is_empty() {
+                    out.push(Message::IHave {
+                        seq: None,
+                        ids: announce,
+                    });
+                }
+                out
+            }
+            (None, _) if !announce.is_empty() => vec![Message::IHave {
+                seq: Some(until),
+                ids: announce,
+            }],
+            (None, _) => Vec::new(),
+        }
     }
 
     /// A repair round sends `peer` again what it has not acknowledged: the next resend

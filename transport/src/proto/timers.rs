@@ -57,9 +57,6 @@ impl Node {
         if let Some(s) = self.next_suspicion_deadline() {
             t = t.min(s);
         }
-        if let Some(a) = self.trees.announce_at {
-            t = t.min(a);
-        }
         if let Some(g) = self.trees.next_graft_at() {
             t = t.min(g);
         }
@@ -79,9 +76,6 @@ impl Node {
         if self.ack_at.is_some_and(|t| t <= mono) {
             self.ack_at = None;
             self.send_acks(now);
-        }
-        if self.trees.announce_at.is_some_and(|t| t <= mono) {
-            self.flush_announcements(now);
         }
         if self.trees.next_graft_at().is_some_and(|t| t <= mono) {
             self.run_grafts(now);

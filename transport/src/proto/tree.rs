@@ -7,12 +7,13 @@
 //! changes of that root cross each node about once. On a link that is lazy for a root the
 //! change is only announced (its id, batched); a node that hears of a change it lacks and
 //! does not receive it within a graft timeout grafts the link: the announcer sends it, and
-//! the link is eager for that root again. So a tree with a hole (a link lost, a node in
+//! the link is eager for that root again. Announcements go with the pushes (or alone,
+//! acknowledged like them), so one lost with its link is sent again. So a tree with a hole (a link lost, a node in
 //! between restarted) repairs itself within a timeout of the first change that misses it.
 //!
 //! This file holds what a node knows of its trees, with no I/O and no clock read: which
-//! roots each peer is held back from, the changes seen (per root, bounded), the changes
-//! announced and missing, and the announcements waiting to go out.
+//! roots each peer is held back from, the changes seen (per root, bounded), where each
+//! root's newest change came from, and the changes announced and missing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,10 +86,6 @@ pub(super) struct Trees {
     /// For each root, its newest change that arrived here and the peer it came from.
     parent: BTreeMap<ReplicaId, Parent>,
     missing: BTreeMap<ChangeId, Missing>,
-    /// Announcements waiting for the next flush, per peer.
-    announce: BTreeMap<ReplicaId, Vec<Tagged>>,
-    /// When they go (monotonic ms).
-    pub(super) announce_at: Option<u64>,
 }
 
 impl Trees {
@@ -154,33 +151,11 @@ impl Trees {
     /// grafted from no more.
     pub(super) fn forget_peer(&mut self, peer: ReplicaId) {
         self.held.remove(&peer);
-        self.announce.remove(&peer);
         self.parent.retain(|_, p| p.peer != peer);
         for m in self.missing.values_mut() {
             m.announcers.retain(|(p, _)| *p != peer);
         }
         self.missing.retain(|_, m| !m.announcers.is_empty());
-    }
-
-    /// Queues announcements for `peer`, to go by `due` (monotonic ms) at the latest.
-    pub(super) fn queue_announce(&mut self, peer: ReplicaId, ids: Vec<Tagged>, due: u64) {
-        if ids.is_empty() {
-            return;
-        }
-        self.announce.entry(peer).or_default().extend(ids);
-        self.announce_at.get_or_insert(due);
-    }
-
-    /// The announcements to send now, per peer, each at most [`MAX_TREE_IDS`] long.
-    pub(super) fn take_announcements(&mut self) -> Vec<(ReplicaId, Vec<Tagged>)> {
-        self.announce_at = None;
-        let mut out = Vec::new();
-        for (peer, ids) in std::mem::take(&mut self.announce) {
-            for chunk in ids.chunks(MAX_TREE_IDS) {
-                out.push((peer, chunk.to_vec()));
-            }
-        }
-        out
     }
 
     /// `peer` announced `t`: when we lack it, it is missing from `peer` too, and a graft
@@ -329,16 +304,5 @@ mod tests {
         assert!(t.is_parent(ReplicaId(1), b) && !t.is_parent(ReplicaId(2), b));
         t.forget_peer(b);
         assert!(!t.is_parent(ReplicaId(1), b));
-    }
-
-    #[test]
-    fn announcements_go_in_one_batch_per_peer() {
-        let mut t = Trees::default();
-        t.queue_announce(ReplicaId(7), vec![tagged(1, 10)], 5);
-        t.queue_announce(ReplicaId(7), vec![tagged(2, 11)], 9);
-        assert_eq!(t.announce_at, Some(5), "the first due time holds");
-        let out = t.take_announcements();
-        assert_eq!(out, vec![(ReplicaId(7), vec![tagged(1, 10), tagged(2, 11)])]);
-        assert!(t.take_announcements().is_empty() && t.announce_at.is_none());
     }
 }

@@ -94,11 +94,21 @@ impl Node {
     }
 
     /// A peer announced changes: those we lack are grafted from it if they do not arrive
-    /// within the graft timeout.
-    pub(super) fn on_ihave(&mut self, peer: ReplicaId, ids: Vec<Tagged>, now: Now) {
+    /// within the graft timeout. Acknowledged when it came alone (`seq`).
+    pub(super) fn on_ihave(
+        &mut self,
+        conn: ConnId,
+        peer: ReplicaId,
+        seq: Option<u64>,
+        ids: Vec<Tagged>,
+        now: Now,
+    ) {
         let due = now.mono_ms + self.cfg.graft_timeout_ms;
         for t in ids {
             self.trees.announced(peer, t, due);
+        }
+        if let Some(seq) = seq {
+            self.owe_ack(conn, seq, now);
         }
     }
 
@@ -116,6 +126,7 @@ impl Node {
                     seq: None,
                     delta: encode_state(&delta),
                     ids,
+                    announced: Vec::new(),
                     resend: true,
                 };
                 self.send_to_peer(peer, push, now);
@@ -129,14 +140,6 @@ impl Node {
     pub(super) fn on_prune(&mut self, peer: ReplicaId, roots: Vec<ReplicaId>) {
         for r in roots {
             self.trees.prune(peer, r);
-        }
-    }
-
-    /// Sends the announcements that waited to go together.
-    pub(super) fn flush_announcements(&mut self, now: Now) {
-        for (peer, ids) in self.trees.take_announcements() {
-            self.counters.changes_announced += ids.len() as u64;
-            self.send_to_peer(peer, Message::IHave { ids }, now);
         }
     }
 

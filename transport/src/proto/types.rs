@@ -142,4 +142,6 @@ pub struct Counters {
     pub changes_announced: u64,
     /// Changes grafted (asked of an announcer after they did not arrive in time).
     pub changes_grafted: u64,
+    /// Dials of a member with no link for one anti-entropy exchange.
+    pub exchange_dials: u64,
 }
