@@ -348,3 +348,23 @@ fn instances_whose_lease_ends_unrenewed_are_counted_as_lapsed() {
     );
     assert_eq!(pair.nodes[0].counters().deaths_written, 0, "a lapse, not a death");
 }
+
+#[test]
+fn an_idle_node_with_rotation_off_wakes_only_for_its_timers() {
+    // With `rotate_interval_ms: 0` (the default) the rotation timer was due every
+    // millisecond: an agent alone woke about a thousand times a second.
+    let cfg = Config {
+        rotate_interval_ms: 0,
+        ..Config::default()
+    };
+    let mut node = Node::new(info(1), Replica::new(ReplicaId(1)), vec![], cfg, 1, T0).unwrap();
+    let (mut now, mut wakes) = (T0, 0);
+    while now < T0 + 60_000 {
+        now = node.poll_timeout().max(now);
+        node.handle_timeout(now);
+        while node.poll_output().is_some() {}
+        wakes += 1;
+    }
+    // A gossip round a second, a digest round, a renewal, and their jitter.
+    assert!(wakes < 200, "{wakes} wake-ups in an idle minute");
+}

@@ -282,6 +282,12 @@ impl Node {
         let gossip_at = mono + jitter(&mut rng, cfg.gossip_interval_ms);
         let digest_at = mono + jitter(&mut rng, cfg.digest_interval_ms);
         let rotate_at = mono + jitter(&mut rng, cfg.rotate_interval_ms.max(1));
+        // No rotation: no timer (a 1 ms one woke an idle agent a thousand times a second).
+        let rotate_at = if cfg.rotate_interval_ms == 0 {
+            u64::MAX
+        } else {
+            rotate_at
+        };
         let mut node = Self {
             me,
             cfg,

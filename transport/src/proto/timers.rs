@@ -103,9 +103,7 @@ impl Node {
         }
         if self.rotate_at <= mono {
             self.rotate_at = mono + self.jitter(self.cfg.rotate_interval_ms.max(1));
-            if self.cfg.rotate_interval_ms > 0 {
-                self.rotate(now);
-            }
+            self.rotate(now);
         }
     }
 
