@@ -94,6 +94,9 @@ pub struct Config {
     pub backoff: BackoffPolicy,
     /// How changes travel: on trees, or flooded (kept to measure one against the other).
     pub dissemination: Dissemination,
+    /// The least time between two announcements sent alone to one peer (on a link that
+    /// carries no push meanwhile): under churn, each then names many changes.
+    pub announce_spacing_ms: u64,
     /// How long a change announced to us may take to arrive before we graft it from its
     /// announcer: about a round trip and a push's spacing.
     pub graft_timeout_ms: u64,
@@ -141,6 +144,7 @@ impl Default for Config {
             dial: true,
             backoff: BackoffPolicy::default(),
             dissemination: Dissemination::Tree,
+            announce_spacing_ms: 50,
             graft_timeout_ms: 80,
             graft_retry_ms: 40,
         }

@@ -147,6 +147,9 @@ struct Peer {
     clock_refused: bool,
     /// Its dial in flight is for an anti-entropy exchange.
     sync_dial: bool,
+    /// When it was last sent an announcement alone (monotonic ms; see
+    /// `Config::announce_spacing_ms`).
+    announced_at: Option<u64>,
     /// When its last failure was (a dial, a connection cut short, a link dead of silence;
     /// monotonic ms), in this process; `None` once a connection to it lived long enough
     /// to count as healthy. Free slots go to the peers that failed longest ago first.

@@ -121,6 +121,9 @@ impl Node {
             return;
         };
         let messages = self.buffered_messages(peer, a, until, to, repair);
+        if self.announcement_waits(peer, &messages, now) {
+            return;
+        }
         if messages.is_empty() && acked == Some(a) {
             // Everything up to there was learnt from the peer itself.
             if let Some(p) = self.peers.get_mut(&peer) {
@@ -220,6 +223,31 @@ impl Node {
                 ids: announce,
             }],
             (None, _) => Vec::new(),
+        }
+    }
+
+    /// Whether `messages` are an announcement alone that must wait: one goes to a peer at
+    /// most every `announce_spacing_ms`, so under churn it names many changes, not one
+    /// (with its acknowledgement, one per push round and link cost about as many packets
+    /// as the flood's copies). Nothing is marked sent, and a push is due when it may go.
+    fn announcement_waits(&mut self, peer: ReplicaId, messages: &[Message], now: Now) -> bool {
+        let alone = matches!(messages, [Message::IHave { seq: Some(_), .. }]);
+        let spacing = self.cfg.announce_spacing_ms;
+        let last = self.peers.get(&peer).and_then(|p| p.announced_at);
+        match last
+            .map(|t| t + spacing)
+            .filter(|&due| alone && now.mono_ms < due)
+        {
+            Some(due) => {
+                self.push_at = Some(self.push_at.map_or(due, |t| t.min(due)));
+                true
+            }
+            None => {
+                if let Some(p) = self.peers.get_mut(&peer).filter(|_| alone) {
+                    p.announced_at = Some(now.mono_ms);
+                }
+                false
+            }
         }
     }
 
