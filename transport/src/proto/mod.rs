@@ -204,6 +204,8 @@ pub struct Node {
     pushed_at: Option<u64>,
     pacer: pacing::Pacer,
     trees: tree::Trees,
+    /// When announcements that waited (see `Config::announce_spacing_ms`) may go.
+    announce_at: Option<u64>,
     /// When the acknowledgements owed go out.
     ack_at: Option<u64>,
     gossip_at: u64,
@@ -309,6 +311,7 @@ impl Node {
             pushed_at: None,
             pacer: pacing::Pacer::new(cfg.push_rate, cfg.push_burst, mono),
             trees: tree::Trees::default(),
+            announce_at: None,
             ack_at: None,
             gossip_at,
             digest_at,

@@ -229,7 +229,8 @@ impl Node {
     /// Whether `messages` are an announcement alone that must wait: one goes to a peer at
     /// most every `announce_spacing_ms`, so under churn it names many changes, not one
     /// (with its acknowledgement, one per push round and link cost about as many packets
-    /// as the flood's copies). Nothing is marked sent, and a push is due when it may go.
+    /// as the flood's copies). Nothing is marked sent, and the announcement timer is set
+    /// for when it may go.
     fn announcement_waits(&mut self, peer: ReplicaId, messages: &[Message], now: Now) -> bool {
         let alone = matches!(messages, [Message::IHave { seq: Some(_), .. }]);
         let spacing = self.cfg.announce_spacing_ms;
@@ -239,7 +240,8 @@ impl Node {
             .filter(|&due| alone && now.mono_ms < due)
         {
             Some(due) => {
-                self.push_at = Some(self.push_at.map_or(due, |t| t.min(due)));
+                // Its own timer: a push's would spend the pacing meant for deltas.
+                self.announce_at = Some(self.announce_at.map_or(due, |t| t.min(due)));
                 true
             }
             None => {

@@ -60,6 +60,9 @@ impl Node {
         if let Some(g) = self.trees.next_graft_at() {
             t = t.min(g);
         }
+        if let Some(a) = self.announce_at {
+            t = t.min(a);
+        }
         t
     }
 
@@ -79,6 +82,12 @@ impl Node {
         }
         if self.trees.next_graft_at().is_some_and(|t| t <= mono) {
             self.run_grafts(now);
+        }
+        if self.announce_at.is_some_and(|t| t <= mono) {
+            // Announcements that waited go now; a delta due with them goes along,
+            // unpaced (at most once per spacing).
+            self.announce_at = None;
+            self.push(now);
         }
         if self.renew_at <= mono {
             self.renew(now);
