@@ -64,8 +64,8 @@ impl Seen {
 /// A change announced to us that we lack.
 #[derive(Debug, Clone)]
 struct Missing {
-    /// The peers that announced it, in order, and the hops it had crossed to reach them.
-    announcers: Vec<(ReplicaId, u16)>,
+    /// The peers that announced it, in order.
+    announcers: Vec<ReplicaId>,
     /// When the next graft goes (monotonic ms).
     graft_at: u64,
 }
@@ -153,7 +153,7 @@ impl Trees {
         self.held.remove(&peer);
         self.parent.retain(|_, p| p.peer != peer);
         for m in self.missing.values_mut() {
-            m.announcers.retain(|(p, _)| *p != peer);
+            m.announcers.retain(|p| *p != peer);
         }
         self.missing.retain(|_, m| !m.announcers.is_empty());
     }
@@ -171,8 +171,8 @@ impl Trees {
             announcers: Vec::new(),
             graft_at,
         });
-        if !m.announcers.iter().any(|(p, _)| *p == peer) {
-            m.announcers.push((peer, t.hops));
+        if !m.announcers.contains(&peer) {
+            m.announcers.push(peer);
         }
         true
     }
@@ -194,7 +194,7 @@ impl Trees {
                 given_up.push(*id);
                 continue;
             }
-            let (peer, _) = m.announcers.remove(0);
+            let peer = m.announcers.remove(0);
             asks.entry(peer).or_default().push(*id);
             m.graft_at = now + retry_ms.max(1);
         }
