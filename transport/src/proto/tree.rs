@@ -2,9 +2,11 @@
 //! its eager and lazy sets kept per root, as Riak's plumtree keeps them).
 //!
 //! Every link starts eager for every root: a root's first change floods. A node that
-//! receives a copy of a change it already had prunes the link it came by, for that root,
-//! both ways; after one change the links still eager for a root form its tree, and later
-//! changes of that root cross each node about once. On a link that is lazy for a root the
+//! receives a copy of a change it already had asks one of the two links to push that
+//! root's changes no more: the one whose copy crossed more links (so its parent is its
+//! neighbour nearest the root). After one change the links still eager for a root form
+//! its tree, about as shallow as the links allow, and later changes of that root cross
+//! each node about once. On a link that is lazy for a root the
 //! change is only announced (its id, batched); a node that hears of a change it lacks and
 //! does not receive it within a graft timeout grafts the link: the announcer sends it, and
 //! the link is eager for that root again. Announcements go with the pushes (or alone,
@@ -70,11 +72,12 @@ struct Missing {
     graft_at: u64,
 }
 
-/// Where a root's newest change came from.
+/// Where a root's newest change came from, and by how many links.
 #[derive(Debug, Clone, Copy)]
 struct Parent {
     at: Hlc,
     peer: ReplicaId,
+    hops: u16,
 }
 
 /// A node's trees.
@@ -119,14 +122,38 @@ impl Trees {
     pub(super) fn arrived_from(&mut self, peer: ReplicaId, t: Tagged) {
         let newer = self.parent.get(&t.id.root).is_none_or(|p| p.at < t.id.at);
         if newer && (self.parent.contains_key(&t.id.root) || self.parent.len() < MAX_ROOTS) {
-            let parent = Parent { at: t.id.at, peer };
+            let parent = Parent {
+                at: t.id.at,
+                peer,
+                hops: t.hops,
+            };
             self.parent.insert(t.id.root, parent);
         }
+    }
+
+    /// `peer` sent a copy `t` of a change we had. When `t` is its root's newest change
+    /// and came by fewer links than the copy that brought it first, `peer` is the root's
+    /// parent from now on: returns the one it replaces, which is to be pruned instead of
+    /// `peer`.
+    pub(super) fn closer(&mut self, peer: ReplicaId, t: Tagged) -> Option<ReplicaId> {
+        let p = self.parent.get_mut(&t.id.root)?;
+        if p.at != t.id.at || t.hops >= p.hops || p.peer == peer {
+            return None;
+        }
+        let old = p.peer;
+        p.peer = peer;
+        p.hops = t.hops;
+        Some(old)
     }
 
     /// Whether `peer` brought the newest change of `root` here first.
     pub(super) fn is_parent(&self, root: ReplicaId, peer: ReplicaId) -> bool {
         self.parent.get(&root).is_some_and(|p| p.peer == peer)
+    }
+
+    /// How many links the newest change of `root` that arrived here crossed.
+    pub(super) fn hops(&self, root: ReplicaId) -> Option<u16> {
+        self.parent.get(&root).map(|p| p.hops)
     }
 
     /// `peer` is pushed `root`'s changes no more.
@@ -304,5 +331,35 @@ mod tests {
         assert!(t.is_parent(ReplicaId(1), b) && !t.is_parent(ReplicaId(2), b));
         t.forget_peer(b);
         assert!(!t.is_parent(ReplicaId(1), b));
+    }
+
+    #[test]
+    fn a_copy_of_the_newest_change_by_fewer_links_moves_the_parent_to_its_sender() {
+        let mut t = Trees::default();
+        let (a, b, c) = (ReplicaId(7), ReplicaId(8), ReplicaId(9));
+        let root = ReplicaId(1);
+        let at = |change, hops| Tagged {
+            id: id(1, change),
+            hops,
+        };
+        t.arrived_from(a, at(10, 4));
+        assert_eq!(t.closer(b, at(10, 4)), None, "as many links: the first stays");
+        assert_eq!(t.closer(b, at(9, 1)), None, "an older change says nothing");
+        assert_eq!(
+            t.closer(b, at(10, 2)),
+            Some(a),
+            "fewer links: the sender is the parent"
+        );
+        assert!(t.is_parent(root, b));
+        assert_eq!(
+            t.closer(c, at(10, 2)),
+            None,
+            "compared with the new parent's count"
+        );
+        assert_eq!(
+            t.closer(b, at(10, 1)),
+            None,
+            "the parent's own copy moves nothing"
+        );
     }
 }

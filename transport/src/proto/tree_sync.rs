@@ -2,7 +2,7 @@
 //! a push received (a copy it had prunes the link), announcements sent and heard, grafts
 //! asked and answered, prunes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use roster_registry::codec::encode_state;
 use roster_registry::{ReplicaId, State};
@@ -14,6 +14,12 @@ impl Node {
     /// Whether changes travel on trees.
     pub(super) fn on_trees(&self) -> bool {
         self.cfg.dissemination == Dissemination::Tree
+    }
+
+    /// How many links the newest change of `root` crossed to reach this node, once one
+    /// came on a tree: the depth of this node in `root`'s tree (a diagnostic).
+    pub fn tree_hops(&self, root: ReplicaId) -> Option<u16> {
+        self.trees.hops(root)
     }
 
     /// Buffers a delta made here, named as a change of ours when changes travel on trees;
@@ -34,8 +40,7 @@ impl Node {
 
     /// A push on the trees: admitted, joined, acknowledged (unless it answers a graft).
     /// Changes it carries that we had already came by another link first: unless it is a
-    /// resend, or the link brought the root's newest change, it is pruned for their roots,
-    /// both ways.
+    /// resend, one of the two links is pruned for their roots (`prune_copies`).
     #[allow(clippy::too_many_arguments)] // the fields of one message, taken apart
     pub(super) fn on_push(
         &mut self,
@@ -57,40 +62,63 @@ impl Node {
             true => Vec::new(),
             false => ids,
         };
-        let (mut fresh, mut fresh_roots, mut copied) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+        let (mut fresh, mut fresh_roots, mut copies) = (Vec::new(), BTreeSet::new(), Vec::new());
         for t in ids {
+            let here = Tagged {
+                id: t.id,
+                hops: t.hops.saturating_add(1),
+            };
             if self.trees.observe(t.id) {
-                let here = Tagged {
-                    id: t.id,
-                    hops: t.hops.saturating_add(1),
-                };
                 self.trees.arrived_from(peer, here);
                 fresh_roots.insert(t.id.root);
                 fresh.push(here);
             } else {
-                copied.insert(t.id.root);
+                copies.push(here);
             }
         }
-        // Not the link the root's newest change came by: two changes of one root that
-        // crossed while its tree formed (a write right after another) would otherwise each
-        // prune the other's first link, and leave the node with none.
-        let prune: Vec<ReplicaId> = copied
-            .difference(&fresh_roots)
-            .filter(|r| !self.trees.is_parent(**r, peer))
-            .copied()
-            .collect();
-        if !resend && !prune.is_empty() {
-            self.counters.duplicate_pushes += 1;
-            for r in &prune {
-                self.trees.prune(peer, *r);
-            }
-            self.send_to_peer(peer, Message::Prune { roots: prune }, now);
+        if !resend {
+            copies.retain(|t| !fresh_roots.contains(&t.id.root));
+            self.prune_copies(peer, copies, now);
         }
         self.apply_tagged(peer, delta, fresh, now);
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
         }
         Ok(())
+    }
+
+    /// `peer` sent copies of changes we had, none of whose roots it brought anything new
+    /// of. Per root (its newest change in the push), the link that brought the change by
+    /// fewer links stays eager and becomes the root's parent, and the other is asked to
+    /// push that root's changes no more: so each node's parent is its neighbour nearest
+    /// the root, and trees have about the fewest links from the root that the links allow.
+    /// Only the node that receives on a link prunes it, so no prune of another node's can
+    /// leave it without a parent; and a copy is no reason to prune the link that brought
+    /// the root's newest change (two changes of one root that crossed while its tree
+    /// formed would otherwise each prune the other's first link).
+    fn prune_copies(&mut self, peer: ReplicaId, copies: Vec<Tagged>, now: Now) {
+        let mut newest: BTreeMap<ReplicaId, Tagged> = BTreeMap::new();
+        for t in copies {
+            let e = newest.entry(t.id.root).or_insert(t);
+            if e.id.at < t.id.at {
+                *e = t;
+            }
+        }
+        let mut prunes: BTreeMap<ReplicaId, Vec<ReplicaId>> = BTreeMap::new();
+        for (root, t) in newest {
+            let pruned = match self.trees.closer(peer, t) {
+                Some(old) => old,
+                None if self.trees.is_parent(root, peer) => continue,
+                None => peer,
+            };
+            prunes.entry(pruned).or_default().push(root);
+        }
+        if !prunes.is_empty() {
+            self.counters.duplicate_pushes += 1;
+        }
+        for (p, roots) in prunes {
+            self.send_to_peer(p, Message::Prune { roots }, now);
+        }
     }
 
     /// A peer announced changes: those we lack are grafted from it if they do not arrive
@@ -135,8 +163,8 @@ impl Node {
         }
     }
 
-    /// A peer had these roots' changes from another link first: announce them to it from
-    /// now on, and push them no more.
+    /// A peer had these roots' changes from another link first, or by fewer links: announce
+    /// them to it from now on, and push them no more.
     pub(super) fn on_prune(&mut self, peer: ReplicaId, roots: Vec<ReplicaId>) {
         for r in roots {
             self.trees.prune(peer, r);
