@@ -5,7 +5,8 @@
 //!
 //! Each test prints its seed; `ROSTER_SEED=N` replays one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use roster_registry::{Endpoint, Metadata, ProviderId, ReplicaId, ServiceName};
 use roster_transport::proto::{Config, Dissemination};
@@ -32,11 +33,17 @@ fn cluster_with(cfg: Config, seed: u64) -> Sim {
 }
 
 fn cluster_on(cfg: Config, faults: Faults, seed: u64) -> Sim {
+    cluster_prepared(cfg, faults, seed, |_| {})
+}
+
+/// A cluster as `cluster_on` builds it, `prepare`d before its nodes first run.
+fn cluster_prepared(cfg: Config, faults: Faults, seed: u64, prepare: impl FnOnce(&mut Sim)) -> Sim {
     let cfg = Config {
         rotate_interval_ms: 0,
         ..cfg
     };
     let mut sim = Sim::new(N, cfg, faults, seed);
+    prepare(&mut sim);
     let known = |sim: &Sim| {
         sim.running()
             .iter()
@@ -119,24 +126,32 @@ fn a_change_crosses_each_node_about_once_on_its_tree_and_once_per_link_flooded()
     );
 }
 
-/// Links crossed from `from` to every node, by breadth-first search over the links.
-fn fewest_links(sim: &Sim, from: usize) -> Vec<Option<u16>> {
+/// What reaching every node from `from` costs at the least, over the links, each counting
+/// `cost(i, j)` (Dijkstra's).
+fn least_cost(sim: &Sim, from: usize, cost: impl Fn(usize, usize) -> u16) -> Vec<Option<u16>> {
     let index: BTreeMap<ReplicaId, usize> = (0..N)
         .filter_map(|i| sim.node(i).map(|n| (n.info().id, i)))
         .collect();
-    let mut hops = vec![None; N];
-    hops[from] = Some(0);
-    let mut queue = VecDeque::from([from]);
-    while let Some(u) = queue.pop_front() {
+    let mut best = vec![None; N];
+    let mut queue = BinaryHeap::from([Reverse((0u16, from))]);
+    while let Some(Reverse((c, u))) = queue.pop() {
+        if best[u].is_some() {
+            continue;
+        }
+        best[u] = Some(c);
         for (peer, _) in sim.node(u).unwrap().connected() {
             let v = index[&peer];
-            if hops[v].is_none() {
-                hops[v] = hops[u].map(|h| h + 1);
-                queue.push_back(v);
+            if best[v].is_none() {
+                queue.push(Reverse((c + cost(u, v), v)));
             }
         }
     }
-    hops
+    best
+}
+
+/// Links crossed from `from` to every node, at the fewest.
+fn fewest_links(sim: &Sim, from: usize) -> Vec<Option<u16>> {
+    least_cost(sim, from, |_, _| 1)
 }
 
 /// A copy of a change that came by fewer links than the first moves the node's parent to
@@ -223,5 +238,83 @@ fn connections_dialed_for_an_exchange_carry_no_pushes_and_leave_no_hole_in_a_tre
         grafted(&sim),
         before,
         "changes on formed trees needed grafts (seed {seed})"
+    );
+}
+
+/// Every link between the lower and the upper half of the cluster counts `cost`.
+fn two_zones(sim: &mut Sim, cost: u16) {
+    let ids: Vec<ReplicaId> = (0..N).map(|i| sim.node(i).unwrap().info().id).collect();
+    for i in 0..N {
+        for (j, id) in ids.iter().enumerate() {
+            if (i < N / 2) != (j < N / 2) {
+                sim.with_node(i, |n, _| n.set_link_cost(*id, cost));
+            }
+        }
+    }
+}
+
+/// The nodes whose parent in `root`'s tree is in the other half of the cluster: the links
+/// of the tree that cross the border.
+fn crossings(sim: &Sim, root: usize) -> usize {
+    let root_id = sim.node(root).unwrap().info().id;
+    let zone_of: BTreeMap<ReplicaId, bool> = (0..N)
+        .map(|i| (sim.node(i).unwrap().info().id, i < N / 2))
+        .collect();
+    (0..N)
+        .filter(|&i| i != root)
+        .filter(|&i| {
+            let parent = sim.node(i).unwrap().tree_parent(root_id);
+            parent.is_some_and(|p| zone_of[&p] != (i < N / 2))
+        })
+        .count()
+}
+
+/// Two halves of the cluster as two failure domains, every link between them counting 10:
+/// after a few changes of a root, its tree reaches every node at about the least cost
+/// the links allow (the first copies' costs are a first guess; announcements by cheaper
+/// links graft them, and the next change prunes the costlier copy).
+#[test]
+fn a_tree_takes_the_paths_of_least_cost_when_links_cost_more_than_one() {
+    let seed = sim_seed("tree_costs");
+    let cost = 10;
+    let cfg = Config {
+        dissemination: Dissemination::Tree,
+        ..config()
+    };
+    let mut sim = cluster_prepared(cfg, Faults::NONE, seed, |sim| two_zones(sim, cost));
+    let root = 3;
+    for service in ["first", "second", "third", "fourth", "fifth", "sixth"] {
+        change(&mut sim, root, service, seed);
+    }
+    let root_id = sim.node(root).unwrap().info().id;
+    let border = |i: usize, j: usize| (i < N / 2) != (j < N / 2);
+    let least = least_cost(&sim, root, |i, j| if border(i, j) { cost } else { 1 });
+    let index: BTreeMap<ReplicaId, usize> = (0..N).map(|i| (sim.node(i).unwrap().info().id, i)).collect();
+    // What the path up the tree from `i` to the root costs, parent by parent.
+    let up_the_tree = |mut i: usize| {
+        let mut paid = 0u32;
+        for _ in 0..N {
+            if i == root {
+                return paid;
+            }
+            let parent = sim.node(i).unwrap().tree_parent(root_id).expect("on the tree");
+            let p = index[&parent];
+            paid += u32::from(if border(i, p) { cost } else { 1 });
+            i = p;
+        }
+        panic!("the tree has a cycle (seed {seed})")
+    };
+    let (mut on_tree, mut at_least) = (0u32, 0u32);
+    for i in (0..N).filter(|&i| i != root) {
+        on_tree += up_the_tree(i);
+        at_least += u32::from(least[i].expect("the links connect every node"));
+    }
+    eprintln!(
+        "cost to the other nodes: {on_tree} on the tree, {at_least} at the least; {} tree links cross the border (seed {seed})",
+        crossings(&sim, root)
+    );
+    assert!(
+        on_tree <= at_least + at_least / 20,
+        "the tree costs {on_tree}, the least is {at_least} (seed {seed})"
     );
 }

@@ -78,6 +78,8 @@ struct Parent {
     at: Hlc,
     peer: ReplicaId,
     hops: u16,
+    /// Whether a nearer link was grafted for this change already.
+    sought: bool,
 }
 
 /// A node's trees.
@@ -89,6 +91,9 @@ pub(super) struct Trees {
     /// For each root, its newest change that arrived here and the peer it came from.
     parent: BTreeMap<ReplicaId, Parent>,
     missing: BTreeMap<ChangeId, Missing>,
+    /// What crossing the link from a peer counts, where it is not 1 (a link to another
+    /// failure domain, say): the trees take the paths of the least cost.
+    cost: BTreeMap<ReplicaId, u16>,
 }
 
 impl Trees {
@@ -126,6 +131,7 @@ impl Trees {
                 at: t.id.at,
                 peer,
                 hops: t.hops,
+                sought: false,
             };
             self.parent.insert(t.id.root, parent);
         }
@@ -151,9 +157,47 @@ impl Trees {
         self.parent.get(&root).is_some_and(|p| p.peer == peer)
     }
 
-    /// How many links the newest change of `root` that arrived here crossed.
+    /// How many links the newest change of `root` that arrived here crossed, each counted
+    /// at its cost.
     pub(super) fn hops(&self, root: ReplicaId) -> Option<u16> {
         self.parent.get(&root).map(|p| p.hops)
+    }
+
+    /// `peer`, a lazy link for `t`'s root, announced `t`, which would have come by it
+    /// at less cost than by the parent: returns whether to graft `peer` for the root, so
+    /// that its next change comes by both and the costlier copy is pruned. Once per
+    /// change of the root, so one announcement grafts one link.
+    pub(super) fn nearer(&mut self, peer: ReplicaId, t: Tagged) -> bool {
+        let Some(p) = self.parent.get_mut(&t.id.root) else {
+            return false;
+        };
+        let nearer = !p.sought && p.at == t.id.at && p.peer != peer && t.hops < p.hops;
+        p.sought |= nearer;
+        nearer
+    }
+
+    /// The peer that brought the newest change of `root` here.
+    pub(super) fn parent_of(&self, root: ReplicaId) -> Option<ReplicaId> {
+        self.parent.get(&root).map(|p| p.peer)
+    }
+
+    /// Sets what crossing the link from `peer` counts (at least 1; 1 is the default, and
+    /// forgets the peer's entry). Past `MAX_ROOTS` peers with a cost, new ones count 1.
+    pub(super) fn set_cost(&mut self, peer: ReplicaId, cost: u16) {
+        if cost <= 1 {
+            self.cost.remove(&peer);
+        } else if self.cost.contains_key(&peer) || self.cost.len() < MAX_ROOTS {
+            self.cost.insert(peer, cost);
+        }
+    }
+
+    /// What `t`, received from `peer`, has cost here: its count and the link's.
+    pub(super) fn via(&self, peer: ReplicaId, t: Tagged) -> Tagged {
+        let cost = self.cost.get(&peer).copied().unwrap_or(1);
+        Tagged {
+            id: t.id,
+            hops: t.hops.saturating_add(cost),
+        }
     }
 
     /// `peer` is pushed `root`'s changes no more.
@@ -361,5 +405,36 @@ mod tests {
             None,
             "the parent's own copy moves nothing"
         );
+    }
+
+    #[test]
+    fn a_link_counts_its_cost_in_what_a_change_crossed() {
+        let mut t = Trees::default();
+        let (near, far) = (ReplicaId(7), ReplicaId(8));
+        t.set_cost(far, 10);
+        assert_eq!(t.via(near, tagged(1, 10)).hops, 2);
+        assert_eq!(t.via(far, tagged(1, 10)).hops, 11);
+        t.set_cost(far, 1);
+        assert_eq!(t.via(far, tagged(1, 10)).hops, 2, "1 is the default again");
+        t.set_cost(far, 0);
+        assert_eq!(t.via(far, tagged(1, 10)).hops, 2, "a link costs at least 1");
+    }
+
+    #[test]
+    fn an_announcement_at_less_cost_grafts_its_link_once_per_change() {
+        let mut t = Trees::default();
+        let (a, b, c) = (ReplicaId(7), ReplicaId(8), ReplicaId(9));
+        let at = |change, hops| Tagged {
+            id: id(1, change),
+            hops,
+        };
+        t.arrived_from(a, at(10, 4));
+        assert!(!t.nearer(b, at(10, 4)), "as costly");
+        assert!(!t.nearer(b, at(9, 1)), "an older change");
+        assert!(!t.nearer(a, at(10, 1)), "the parent itself");
+        assert!(t.nearer(b, at(10, 3)));
+        assert!(!t.nearer(c, at(10, 2)), "one graft per change");
+        t.arrived_from(a, at(11, 4));
+        assert!(t.nearer(c, at(11, 2)), "the next change may graft again");
     }
 }

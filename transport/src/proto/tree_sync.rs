@@ -16,10 +16,25 @@ impl Node {
         self.cfg.dissemination == Dissemination::Tree
     }
 
-    /// How many links the newest change of `root` crossed to reach this node, once one
-    /// came on a tree: the depth of this node in `root`'s tree (a diagnostic).
+    /// How many links the newest change of `root` crossed to reach this node, each counted
+    /// at its cost, once one came on a tree: the depth of this node in `root`'s tree (a
+    /// diagnostic).
     pub fn tree_hops(&self, root: ReplicaId) -> Option<u16> {
         self.trees.hops(root)
+    }
+
+    /// The peer that brought the newest change of `root` here: this node's parent in
+    /// `root`'s tree (a diagnostic).
+    pub fn tree_parent(&self, root: ReplicaId) -> Option<ReplicaId> {
+        self.trees.parent_of(root)
+    }
+
+    /// Sets what crossing the link from `peer` counts in the trees' choice of links (1 by
+    /// default; a link to another failure domain may count more). A node's parent for a
+    /// root is the link whose copy came at the least cost, so trees cross costly links as
+    /// seldom as the links allow.
+    pub fn set_link_cost(&mut self, peer: ReplicaId, cost: u16) {
+        self.trees.set_cost(peer, cost);
     }
 
     /// Buffers a delta made here, named as a change of ours when changes travel on trees;
@@ -64,10 +79,7 @@ impl Node {
         };
         let (mut fresh, mut fresh_roots, mut copies) = (Vec::new(), BTreeSet::new(), Vec::new());
         for t in ids {
-            let here = Tagged {
-                id: t.id,
-                hops: t.hops.saturating_add(1),
-            };
+            let here = self.trees.via(peer, t);
             if self.trees.observe(t.id) {
                 self.trees.arrived_from(peer, here);
                 fresh_roots.insert(t.id.root);
@@ -132,8 +144,15 @@ impl Node {
         now: Now,
     ) {
         let due = now.mono_ms + self.cfg.graft_timeout_ms;
+        let mut nearer = Vec::new();
         for t in ids {
-            self.trees.announced(peer, t, due);
+            let via = self.trees.via(peer, t);
+            if !self.trees.announced(peer, t, due) && self.trees.nearer(peer, via) {
+                nearer.push(t.id);
+            }
+        }
+        if !nearer.is_empty() {
+            self.send_to_peer(peer, Message::Graft { ids: nearer }, now);
         }
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
