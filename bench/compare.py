@@ -995,6 +995,8 @@ def measure_churn(system, net, preload, rate, seconds):
         / (end_ns / 1e9 - start),
         "not_seen": missing, "lag_ms": med_max(lags),
         "bytes_min": {n: d[n]["tx_bytes"] * per_min for n in names},
+        "rx_bytes_change": {n: d[n]["rx_bytes"] / max(len(changes), 1) for n in names},
+        "rx_pkts_change": {n: d[n]["rx_pkts"] / max(len(changes), 1) for n in names},
         "cpu_ms_min": {n: (cpu1[n] - cpu0[n]) * 1000 * per_min for n in names},
         "rss_mib": {n: sum(proc_rss_mib(p) for p in pids[n]) for n in names},
     })
@@ -1163,6 +1165,8 @@ def figures(r):
     if c:
         f["churn_kb"] = med_max([c["bytes_min"][n] / 1000 for n in n_nodes])
         f["churn_lag"] = c["lag_ms"]
+        f["churn_rx_b"] = med_max([c["rx_bytes_change"][n] for n in n_nodes])
+        f["churn_rx_pkts"] = med_max([c["rx_pkts_change"][n] for n in n_nodes])
         f["churn_rate"] = c["answered_per_s"]
         f["churn_cpu"] = med_max([c["cpu_ms_min"][n] for n in n_nodes])
         f["churn_rss"] = med_max([c["rss_mib"][n] for n in n_nodes])
@@ -1193,6 +1197,8 @@ ROWS = [
     ("churn: changes answered per second (asked: the rate)", "churn_rate", "", 0),
     ("churn: bytes sent per node (kB/min)", "churn_kb", "", 1),
     ("churn: lag until every node shows a change (ms)", "churn_lag", "", 1),
+    ("churn: bytes received per node per change (the owners' requests included)", "churn_rx_b", "", 0),
+    ("churn: packets received per node per change (the owners' requests included)", "churn_rx_pkts", "", 1),
     ("churn: CPU per node (ms/min)", "churn_cpu", "", 0),
     ("churn: resident memory per node after (MiB)", "churn_rss", "", 1),
     ("idle after the churn, registrations kept: bytes sent per node (kB/min)", "idle_after_kb", "", 1),
