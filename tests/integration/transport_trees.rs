@@ -17,6 +17,14 @@ use crate::transport_sim::{config, settle};
 
 const N: usize = 30;
 
+/// The simulator's configuration, with changes on trees.
+fn tree_config() -> Config {
+    Config {
+        dissemination: Dissemination::Tree,
+        ..config()
+    }
+}
+
 /// `N` nodes in step, with links that stay (no rotation), every member known.
 fn cluster(mode: Dissemination, seed: u64) -> Sim {
     cluster_with(
@@ -167,11 +175,7 @@ fn a_tree_reaches_each_node_by_about_the_fewest_links_there_are() {
         max_delay_ms: 20,
         ..Faults::NONE
     };
-    let cfg = Config {
-        dissemination: Dissemination::Tree,
-        ..config()
-    };
-    let mut sim = cluster_on(cfg, faults, seed);
+    let mut sim = cluster_on(tree_config(), faults, seed);
     let (mut on_tree, mut shortest) = (0u32, 0u32);
     for root in [3, 7, 11, 17, 23] {
         change(&mut sim, root, &format!("first-of-{root}"), seed);
@@ -277,11 +281,7 @@ fn crossings(sim: &Sim, root: usize) -> usize {
 fn a_tree_takes_the_paths_of_least_cost_when_links_cost_more_than_one() {
     let seed = sim_seed("tree_costs");
     let cost = 10;
-    let cfg = Config {
-        dissemination: Dissemination::Tree,
-        ..config()
-    };
-    let mut sim = cluster_prepared(cfg, Faults::NONE, seed, |sim| two_zones(sim, cost));
+    let mut sim = cluster_prepared(tree_config(), Faults::NONE, seed, |sim| two_zones(sim, cost));
     let root = 3;
     for service in ["first", "second", "third", "fourth", "fifth", "sixth"] {
         change(&mut sim, root, service, seed);
