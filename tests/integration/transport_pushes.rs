@@ -1,6 +1,6 @@
 //! Pushes in the simulator: a lone change at once, a burst at the push spacing, a stream at
 //! the push rate with batched acknowledgements, deltas in pieces within the entry limit,
-//! and resends to a slow peer.
+//! resends to a slow peer, and none before an acknowledgement could come.
 
 use roster_registry::{Endpoint, ProviderId, ServiceName};
 use roster_transport::proto::{Config, OwnedRegistration};
@@ -182,7 +182,7 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
         count("delta") + count("push")
     };
     let before = deltas(&sim);
-    // A bulk load: past what is resent at every round (small ones still are).
+    // A bulk load, which a peer takes long to join.
     let web = ServiceName::new("web").unwrap();
     const BULK: usize = 2_000;
     let items = bulk_items(&web, "w", BULK);
@@ -211,6 +211,34 @@ fn deltas_a_slow_peer_has_not_acknowledged_are_resent_with_growing_waits() {
         .instances(&web, sim.now_ms())
         .count();
     assert_eq!(shows, BULK, "the peer never got the writes (seed {seed})");
+}
+
+#[test]
+fn a_change_not_yet_acknowledged_is_not_sent_again_by_the_next_gossip_round() {
+    let seed = sim_seed("no_resend_before_the_ack");
+    // Acknowledgements wait longer than a gossip round (1 s ±25%), less than a resend.
+    let cfg = Config {
+        ack_delay_ms: 1_500,
+        ..config()
+    };
+    assert!(cfg.resend_after_ms > cfg.ack_delay_ms + 100);
+    let mut sim = converged(2, cfg, seed);
+    sim.run_for(5_000);
+    let deltas = |sim: &Sim| {
+        let count = |kind| sim.traffic_by_kind().get(kind).map_or(0, |k| k.0);
+        count("delta") + count("push")
+    };
+    let before = deltas(&sim);
+    let mut w = Workload::default();
+    w.register(&mut sim, 0, 1);
+    // Past the ack (1.5 s and a hop), before a resend could go (2 s).
+    sim.run_for(1_900);
+    assert_eq!(Workload::visible(&sim, 1).get(&key(0)), Some(&1), "seed {seed}");
+    let sent = deltas(&sim) - before;
+    assert_eq!(
+        sent, 1,
+        "copies of one change before its acknowledgement came (seed {seed})"
+    );
 }
 
 /// `n` registrations of `service`, providers `<prefix>0` to `<prefix>{n-1}`, for a bulk load.

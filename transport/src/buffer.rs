@@ -196,15 +196,6 @@ impl DeltaBuffer {
         self.between_for(acked, self.head, to, seen)
     }
 
-    /// How many entries (registrations and leases) the deltas after `acked` up to `until`
-    /// hold together.
-    pub fn entries_between(&self, acked: u64, until: u64) -> usize {
-        self.after(acked)
-            .filter(|e| e.seq <= until)
-            .map(|e| e.entries)
-            .sum()
-    }
-
     /// The encoded delta [`DeltaBuffer::between_for`] (without `seen`) would join, when
     /// there is exactly one: it can be sent as buffered, without a decode, a join and an
     /// encode. Most pushes carry one delta; decoding and re-encoding it for every peer was

@@ -10,10 +10,6 @@ use crate::buffer::Recipient;
 use crate::message::{self, Envelope, Message, Tagged, MAX_DELTA_ENTRIES, MAX_TREE_IDS};
 use roster_registry::codec::encode_state;
 
-/// Unacknowledged deltas holding at most this many entries are resent at every repair
-/// round, as they always were; only more waits (`Config::resend_after_ms`).
-const RESEND_AT_ONCE_ENTRIES: usize = 1_000;
-
 /// How often a resend's wait may double: 2^5 times `resend_after_ms`, about a minute at
 /// the default, so a peer that stopped acknowledging is still tried, rarely.
 const MAX_RESEND_DOUBLINGS: u32 = 5;
@@ -62,21 +58,16 @@ impl Node {
         };
         // A push sends what came after the last send; a repair round what came after the
         // last acknowledgement (what was sent may have been lost), once it has waited
-        // long enough for that acknowledgement. Resent every round, a bulk load a peer
-        // takes seconds to join queued copies faster than it joined them, and it stopped
-        // answering (the acknowledgements waited behind the copies).
-        let in_flight = match (acked, sent) {
-            (Some(a), Some(s)) if s > a => Some(self.buffer.entries_between(a, s)),
-            _ => None,
-        };
-        let big = in_flight.is_some_and(|n| n > RESEND_AT_ONCE_ENTRIES);
+        // `resend_after_ms` for that acknowledgement, twice as long after each resend.
+        // Acknowledgements wait `ack_delay_ms` to cover many deltas, so a round that
+        // resent whatever was not acknowledged yet sent a second copy of it; and resent
+        // every round, a bulk load a peer takes seconds to join queued copies faster than
+        // it joined them, and it stopped answering (the acknowledgements waited behind
+        // the copies).
+        let in_flight = matches!((acked, sent), (Some(a), Some(s)) if s > a);
         let waited = resend_at.is_none_or(|t| now.mono_ms >= t);
-        let from = if repair && (!big || waited) {
-            acked
-        } else {
-            acked.max(sent)
-        };
-        if repair && big && waited {
+        let from = if repair && waited { acked } else { acked.max(sent) };
+        if repair && in_flight && waited {
             self.resent(peer, now);
         }
         match from {
