@@ -2,13 +2,17 @@
 //!
 //! Run: `cargo run --release -p roster-transport --features sim --example sim_trees -- 100 1000`
 //! (sizes as arguments; `ROSTER_SEED` fixes the seed, `SIM_IDLE_S` the idle spell before
-//! the changes, an hour by default). For each size and each dissemination it bootstraps a
+//! the changes, an hour by default; `SIM_MODES=flood` or `tree` runs one; `SIM_ACK_MS`,
+//! `SIM_ANNOUNCE_MS` and `SIM_PARENT_SAVING` override those settings). For each size and each dissemination it bootstraps a
 //! cluster, lets it settle, idles (so most origins have not written for a long while),
 //! then makes 20 changes from random origins, one at a time, and measures per change:
 //! - payload copies received per node (messages carrying the registration);
 //! - bytes received per node: payload, announcements (announce, graft, prune) and
 //!   acknowledgements, apart;
 //! - the time until every node shows it (median and worst).
+//!
+//! Then ten seconds of churn, 20 changes a second from one origin, and the messages and
+//! bytes each node received per change (`SIM_KINDS` prints them by kind).
 //!
 //! Then it cuts the cluster in two for `SIM_CUT_S` (60 s by default), writes one change
 //! on each side, heals, and measures the time until each side shows the other's change.
@@ -41,7 +45,7 @@ fn main() {
     println!("| nodes | dissemination | outbound links | copies per node per change | payload B | announce B | ack B | all B per node per change | delta B | to every node, median / worst ms | heal after the cut, each side ms | wall s |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
-        for mode in [Dissemination::Flood, Dissemination::Tree] {
+        for mode in modes() {
             let t0 = std::time::Instant::now();
             let d = Config::default();
             let links = match mode {
@@ -53,6 +57,10 @@ fn main() {
                 max_outbound: links,
                 fanout: links,
                 sync_dial_interval_ms: env_u64("SIM_SYNC_DIAL_MS", d.sync_dial_interval_ms),
+                ack_delay_ms: env_u64("SIM_ACK_MS", d.ack_delay_ms),
+                announce_spacing_ms: env_u64("SIM_ANNOUNCE_MS", d.announce_spacing_ms),
+                parent_saving: env_u64("SIM_PARENT_SAVING", d.parent_saving.into()).min(u16::MAX.into())
+                    as u16,
                 ..d
             };
             let mut sim = settled(n, cfg, seed);
@@ -105,6 +113,10 @@ fn main() {
             if std::env::var("SIM_TIMES").is_ok() {
                 eprintln!("{n} {mode:?}: times {:?}", c.times);
             }
+            let (churn_msgs, churn_bytes) = churn(&mut sim, n);
+            eprintln!(
+                "{n} {mode:?}: churn of {CHURN_RATE}/s from one origin: {churn_msgs:.2} messages and {churn_bytes:.0} B received per node per change"
+            );
             let heal = cut_and_heal(&mut sim, n, cut_s);
             println!(
                 "| {n} | {mode:?} | {links} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} / {} | {} | {:.0} |",
@@ -120,6 +132,15 @@ fn main() {
                 t0.elapsed().as_secs_f64()
             );
         }
+    }
+}
+
+/// The disseminations to run: both, or the one `SIM_MODES` names (`flood`, `tree`).
+fn modes() -> Vec<Dissemination> {
+    match std::env::var("SIM_MODES").as_deref() {
+        Ok("flood") => vec![Dissemination::Flood],
+        Ok("tree") => vec![Dissemination::Tree],
+        _ => vec![Dissemination::Flood, Dissemination::Tree],
     }
 }
 
@@ -246,6 +267,51 @@ fn changes(sim: &mut Sim, n: usize, seed: u64) -> Changes {
         median_ms: all.then(|| times[times.len() / 2]),
         worst_ms: all.then(|| times[times.len() - 1]),
     }
+}
+
+/// Changes a second in the churn phase, all from one origin, as `bench/compare`'s churn
+/// writes through one agent.
+const CHURN_RATE: u64 = 20;
+
+/// Ten seconds of `CHURN_RATE` changes a second made at node 0 (updates of 50
+/// registrations in turn): the messages and bytes each node received per change, of
+/// every kind (renewals and digests meanwhile included), as the kernel counts them at a
+/// real node's interface (TCP's own segments aside).
+fn churn(sim: &mut Sim, n: usize) -> (f64, f64) {
+    let service = ServiceName::new("churn").unwrap();
+    let meta: Metadata = [("zone", "eu-1a"), ("version", "1.4.2")].into();
+    let received = |sim: &Sim| {
+        (0..n).fold((0, 0), |(m, b), i| {
+            let t = sim.traffic(i);
+            (m + t.messages_received, b + t.bytes_received)
+        })
+    };
+    let before = received(sim);
+    let kinds0 = sim.traffic_by_kind().clone();
+    let count = CHURN_RATE * 10;
+    for c in 0..count {
+        let provider = ProviderId::new(&format!("churn-{}", c % 50)).unwrap();
+        let ep = Endpoint::new("10.4.4.4", 1_000 + c as u16).unwrap();
+        sim.with_node(0, |node, now| {
+            node.register(service.clone(), provider, ep, meta.clone(), now)
+                .unwrap()
+        });
+        sim.run_for(1_000 / CHURN_RATE);
+    }
+    sim.run_for(2_000);
+    let after = received(sim);
+    let k = (count * (n as u64 - 1)) as f64;
+    if std::env::var("SIM_KINDS").is_ok() {
+        for (kind, (m, b)) in sim.traffic_by_kind() {
+            let (m0, b0) = kinds0.get(kind).copied().unwrap_or_default();
+            eprintln!(
+                "  {kind}: {:.2} messages, {:.0} B per node per change",
+                (m - m0) as f64 / k,
+                (b - b0) as f64 / k
+            );
+        }
+    }
+    ((after.0 - before.0) as f64 / k, (after.1 - before.1) as f64 / k)
 }
 
 /// Cuts the cluster in two halves for `cut_s`, writes a change on each side, heals, and

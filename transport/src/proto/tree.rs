@@ -138,12 +138,12 @@ impl Trees {
     }
 
     /// `peer` sent a copy `t` of a change we had. When `t` is its root's newest change
-    /// and came by fewer links than the copy that brought it first, `peer` is the root's
-    /// parent from now on: returns the one it replaces, which is to be pruned instead of
-    /// `peer`.
-    pub(super) fn closer(&mut self, peer: ReplicaId, t: Tagged) -> Option<ReplicaId> {
+    /// and came by at least `saving` fewer links than the copy that brought it first,
+    /// `peer` is the root's parent from now on: returns the one it replaces, which is to
+    /// be pruned instead of `peer`.
+    pub(super) fn closer(&mut self, peer: ReplicaId, t: Tagged, saving: u16) -> Option<ReplicaId> {
         let p = self.parent.get_mut(&t.id.root)?;
-        if p.at != t.id.at || t.hops >= p.hops || p.peer == peer {
+        if p.at != t.id.at || t.hops.saturating_add(saving) > p.hops || p.peer == peer {
             return None;
         }
         let old = p.peer;
@@ -166,12 +166,14 @@ impl Trees {
     /// `peer`, a lazy link for `t`'s root, announced `t`, which would have come by it
     /// at less cost than by the parent: returns whether to graft `peer` for the root, so
     /// that its next change comes by both and the costlier copy is pruned. Once per
-    /// change of the root, so one announcement grafts one link.
-    pub(super) fn nearer(&mut self, peer: ReplicaId, t: Tagged) -> bool {
+    /// change of the root, so one announcement grafts one link. Only a saving of at
+    /// least `saving` counts.
+    pub(super) fn nearer(&mut self, peer: ReplicaId, t: Tagged, saving: u16) -> bool {
         let Some(p) = self.parent.get_mut(&t.id.root) else {
             return false;
         };
-        let nearer = !p.sought && p.at == t.id.at && p.peer != peer && t.hops < p.hops;
+        let nearer =
+            !p.sought && p.at == t.id.at && p.peer != peer && t.hops.saturating_add(saving) <= p.hops;
         p.sought |= nearer;
         nearer
     }
@@ -387,21 +389,26 @@ mod tests {
             hops,
         };
         t.arrived_from(a, at(10, 4));
-        assert_eq!(t.closer(b, at(10, 4)), None, "as many links: the first stays");
-        assert_eq!(t.closer(b, at(9, 1)), None, "an older change says nothing");
+        assert_eq!(t.closer(b, at(10, 4), 1), None, "as many links: the first stays");
+        assert_eq!(t.closer(b, at(9, 1), 1), None, "an older change says nothing");
         assert_eq!(
-            t.closer(b, at(10, 2)),
+            t.closer(b, at(10, 3), 2),
+            None,
+            "one link fewer saves less than asked"
+        );
+        assert_eq!(
+            t.closer(b, at(10, 2), 1),
             Some(a),
             "fewer links: the sender is the parent"
         );
         assert!(t.is_parent(root, b));
         assert_eq!(
-            t.closer(c, at(10, 2)),
+            t.closer(c, at(10, 2), 1),
             None,
             "compared with the new parent's count"
         );
         assert_eq!(
-            t.closer(b, at(10, 1)),
+            t.closer(b, at(10, 1), 1),
             None,
             "the parent's own copy moves nothing"
         );
@@ -429,12 +436,13 @@ mod tests {
             hops,
         };
         t.arrived_from(a, at(10, 4));
-        assert!(!t.nearer(b, at(10, 4)), "as costly");
-        assert!(!t.nearer(b, at(9, 1)), "an older change");
-        assert!(!t.nearer(a, at(10, 1)), "the parent itself");
-        assert!(t.nearer(b, at(10, 3)));
-        assert!(!t.nearer(c, at(10, 2)), "one graft per change");
+        assert!(!t.nearer(b, at(10, 4), 1), "as costly");
+        assert!(!t.nearer(b, at(9, 1), 1), "an older change");
+        assert!(!t.nearer(a, at(10, 1), 1), "the parent itself");
+        assert!(!t.nearer(b, at(10, 3), 2), "one link less saves less than asked");
+        assert!(t.nearer(b, at(10, 3), 1));
+        assert!(!t.nearer(c, at(10, 2), 1), "one graft per change");
         t.arrived_from(a, at(11, 4));
-        assert!(t.nearer(c, at(11, 2)), "the next change may graft again");
+        assert!(t.nearer(c, at(11, 2), 1), "the next change may graft again");
     }
 }

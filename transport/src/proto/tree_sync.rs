@@ -118,7 +118,7 @@ impl Node {
         }
         let mut prunes: BTreeMap<ReplicaId, Vec<ReplicaId>> = BTreeMap::new();
         for (root, t) in newest {
-            let pruned = match self.trees.closer(peer, t) {
+            let pruned = match self.trees.closer(peer, t, self.cfg.parent_saving) {
                 Some(old) => old,
                 None if self.trees.is_parent(root, peer) => continue,
                 None => peer,
@@ -147,7 +147,7 @@ impl Node {
         let mut nearer = Vec::new();
         for t in ids {
             let via = self.trees.via(peer, t);
-            if !self.trees.announced(peer, t, due) && self.trees.nearer(peer, via) {
+            if !self.trees.announced(peer, t, due) && self.trees.nearer(peer, via, self.cfg.parent_saving) {
                 nearer.push(t.id);
             }
         }
