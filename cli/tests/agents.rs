@@ -33,6 +33,9 @@ mod disk;
 /// DNS with dig.
 #[path = "agents/dns.rs"]
 mod dns;
+/// The docs' console examples, run as written: the guides as one flow, the CLI reference.
+#[path = "agents/doc_examples/mod.rs"]
+mod doc_examples;
 /// docs/reference/cli.md against the binary.
 #[path = "agents/docs.rs"]
 mod docs;
