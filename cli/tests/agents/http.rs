@@ -1,5 +1,5 @@
-//! The HTTP API with real clients: curl for every endpoint, the reference's examples and
-//! its Python client run as written, watches, bad input and tokens.
+//! The HTTP API with real clients: curl for every endpoint, watches, bad input and tokens.
+//! (The reference's examples and its Python client run in `doc_examples`.)
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -106,66 +106,6 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within 15 s: {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The code blocks of `lang` in a Markdown file, in order.
-fn blocks(markdown: &str, lang: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match (&mut current, line.strip_prefix("```")) {
-            (None, Some(l)) if l.trim() == lang => current = Some(String::new()),
-            (Some(b), Some(_)) => {
-                out.push(std::mem::take(b));
-                current = None;
-            }
-            (Some(b), None) => {
-                b.push_str(line);
-                b.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    out
-}
-
-#[test]
-fn the_http_reference_runs_as_written_against_a_real_agent() {
-    let root = tempfile::tempdir().unwrap();
-    let (_a, url) = http_agent(&root.path().join("a"), "a", &[]);
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/http.md")).unwrap();
-    let sh = blocks(&doc, "sh");
-    assert!(sh.len() >= 5, "the reference's sh examples: {sh:?}");
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &sh.join("\n")])
-        .env("ROSTER_HTTP", &url)
-        .output()
-        .unwrap();
-    let printed = text(&out.stdout);
-    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
-    for shown in [
-        "\"instance\":\"web-1\"",
-        "\"zone\":\"eu-1\"",
-        "event: up",
-        "\"changed\":[\"web/web-1\"]",
-    ] {
-        assert!(printed.contains(shown), "{shown} in:\n{printed}");
-    }
-    let py = blocks(&doc, "python");
-    assert_eq!(py.len(), 1);
-    let out = Command::new("python3")
-        .args(["-c", &py[0]])
-        .env("ROSTER_HTTP", &url)
-        .output()
-        .expect("python3 runs (.ci/run installs it)");
-    let printed = text(&out.stdout);
-    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
-    assert!(
-        printed.contains("[('billing-1', '10.0.0.9:9000', 'passing')]"),
-        "{printed}"
-    );
-    assert!(printed.contains("refused: 400 invalid:"), "{printed}");
 }
 
 #[test]

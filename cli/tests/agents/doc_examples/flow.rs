@@ -40,6 +40,8 @@ pub struct Flow {
     processes: BTreeMap<String, Process>,
     redactions: Redactions,
     failures: Vec<String>,
+    /// Outputs compared so far.
+    compared: usize,
 }
 
 impl Flow {
@@ -67,6 +69,7 @@ impl Flow {
             processes: BTreeMap::new(),
             redactions: redact::redactions(),
             failures: Vec::new(),
+            compared: 0,
         }
     }
 
@@ -81,14 +84,16 @@ impl Flow {
         }
     }
 
-    /// Panics with every disagreement found, each naming its file and line.
-    pub fn finish(self) {
+    /// Panics with every disagreement found, each naming its file and line; else returns
+    /// how many outputs were compared.
+    pub fn finish(self) -> usize {
         assert!(
             self.failures.is_empty(),
             "{} doc example(s) disagree with the binary:\n\n{}",
             self.failures.len(),
             self.failures.join("\n")
         );
+        self.compared
     }
 
     fn step(&mut self, file: &str, step: Step) -> Result<(), String> {
@@ -210,7 +215,8 @@ impl Flow {
     }
 
     /// The output against the doc's, with ports given back and both sides redacted.
-    fn compare(&self, label: &str, actual: &str, expected: &str) -> Result<(), String> {
+    fn compare(&mut self, label: &str, actual: &str, expected: &str) -> Result<(), String> {
+        self.compared += 1;
         let actual = self.ports.to_doc(actual);
         let home = self.root.path().join("home");
         let actual = actual.replace(&home.display().to_string(), "~");

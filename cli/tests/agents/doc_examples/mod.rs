@@ -38,14 +38,22 @@ fn the_readme_and_the_guides_run_as_one_flow_as_written() {
     for file in GUIDES {
         flow.file(file);
     }
-    flow.finish();
+    let compared = flow.finish();
+    assert!(
+        compared >= 50,
+        "only {compared} outputs compared: are the console blocks read?"
+    );
 }
 
 #[test]
 fn the_cli_reference_runs_as_written() {
     let mut flow = flow::Flow::new();
     flow.file("docs/reference/cli.md");
-    flow.finish();
+    let compared = flow.finish();
+    assert!(
+        compared >= 1,
+        "only {compared} outputs compared: are the console blocks read?"
+    );
 }
 
 #[test]

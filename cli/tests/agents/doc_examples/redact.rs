@@ -80,14 +80,14 @@ pub fn redactions() -> Redactions {
     r
 }
 
-/// `line` without trailing spaces, each run of two or more spaces as two: a table's
-/// columns, whatever the width of the values above and below.
+/// `line` without trailing spaces, each run of two or more spaces (or a tab) as two: a
+/// table's columns, whatever the width of the values above and below (dig's tabs too).
 pub fn columns(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut spaces = 0;
     for ch in line.trim_end().chars() {
-        if ch == ' ' {
-            spaces += 1;
+        if ch == ' ' || ch == '\t' {
+            spaces += if ch == '\t' { 2 } else { 1 };
             continue;
         }
         out.push_str(&" ".repeat(spaces.min(2)));
