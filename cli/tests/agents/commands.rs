@@ -477,3 +477,25 @@ fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() 
         a.json(&["get", "web"])[0]["address"] == "127.0.0.2:80"
     });
 }
+
+#[test]
+fn a_watch_ends_on_ctrl_c_even_right_after_it_printed_a_line() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let out = a.roster(&["register", "web", "127.0.0.1:8080", "--id", "web-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A Ctrl-C that came while the watch was between two events used to be lost, and the
+    // watch ran on.
+    for _ in 0..20 {
+        let mut w = Watcher::start(&a, "web");
+        w.next(Duration::from_secs(5)).expect("the watch lists web-1");
+        let pid = w.child.id().to_string();
+        Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        let mut status = None;
+        within(Duration::from_secs(5), "the watch ends on SIGINT", || {
+            status = w.child.try_wait().unwrap();
+            status.is_some()
+        });
+        assert_eq!(status.unwrap().code(), Some(0), "Ctrl-C ends a watch with exit 0");
+    }
+}
