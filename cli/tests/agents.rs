@@ -36,7 +36,7 @@ mod dns;
 /// The docs' console examples, run as written: the guides as one flow, the CLI reference.
 #[path = "agents/doc_examples/mod.rs"]
 mod doc_examples;
-/// docs/reference/cli.md against the binary.
+/// docs/reference/cli.md's commands against the binary's.
 #[path = "agents/docs.rs"]
 mod docs;
 /// The exit codes of the reference, walked.

@@ -1,5 +1,5 @@
 //! What differs from run to run and is not the doc's to fix: the ports (the docs give the
-//! defaults, the runner takes free ones), node ids, process ids, times and ages.
+//! defaults, the runner takes free ones), node ids, process ids, times, ages and milliseconds.
 //!
 //! Commands get the free ports in place of the documented ones; output gets the documented
 //! ones back. Then the same redactions go over the doc's output and the real one, so a doc
@@ -73,6 +73,10 @@ pub fn redactions() -> Redactions {
         ("[PID]", r"\bpid (?<redacted>\d+)"),
         ("[AGE]", r"\b(?<redacted>\d+(\.\d+)?(ms|s|m)) ago\b"),
         ("[WAIT]", r"reconnecting in (?<redacted>\d+ms)"),
+        // Milliseconds in JSON: spans (`uptime_ms`) and points in time (`written_ms`, a
+        // lease's ends).
+        ("[MS]", r#"_ms": (?<redacted>\d+)"#),
+        ("[MS]", r"\b(?<redacted>\d{13})\b"),
     ];
     for (placeholder, re) in patterns {
         r.insert(placeholder, Regex::new(re).unwrap()).unwrap();
