@@ -185,7 +185,9 @@ impl Flow {
             {
                 Ok(l) => got.push_str(&format!("{l}\n")),
                 Err(_) => {
-                    let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+                    let log = self
+                        .ports
+                        .to_doc(&std::fs::read_to_string(&p.log).unwrap_or_default());
                     let tail: Vec<&str> = log.lines().rev().take(5).collect();
                     return Err(format!(
                         "{file}:{line}: `{name}` printed only:\n{got}(its log ends: {tail:?})\n"
