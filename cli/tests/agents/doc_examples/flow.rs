@@ -11,6 +11,7 @@ use snapbox::{Assert, Data, Redactions};
 
 use super::markdown::{self, Example, Step};
 use super::redact::{self, Ports};
+use super::same::Same;
 use super::shell::Shell;
 
 /// How long a process of the flow may take to print the lines the doc shows, or to exit.
@@ -40,6 +41,8 @@ pub struct Flow {
     processes: BTreeMap<String, Process>,
     redactions: Redactions,
     failures: Vec<String>,
+    /// The ids and times the doc showed, and what they stood for.
+    same: Same,
     /// Outputs compared so far.
     compared: usize,
 }
@@ -69,6 +72,7 @@ impl Flow {
             processes: BTreeMap::new(),
             redactions: redact::redactions(),
             failures: Vec::new(),
+            same: Same::new(),
             compared: 0,
         }
     }
@@ -216,19 +220,23 @@ impl Flow {
             .ok_or(format!("{file}:{line}: no process `{name}` runs here"))
     }
 
-    /// The output against the doc's, with ports given back and both sides redacted.
+    /// The output against the doc's, with ports given back and both sides redacted; then
+    /// the values the doc shows twice against what they stood for.
     fn compare(&mut self, label: &str, actual: &str, expected: &str) -> Result<(), String> {
         self.compared += 1;
-        let actual = self.ports.to_doc(actual);
-        let home = self.root.path().join("home");
-        let actual = actual.replace(&home.display().to_string(), "~");
+        let home = self.root.path().join("home").display().to_string();
+        let actual = self.ports.to_doc(actual).replace(&home, "~");
         let tidy = |s: &str| -> String { s.lines().map(|l| format!("{}\n", redact::columns(l))).collect() };
-        let actual = tidy(&self.redactions.redact(&actual));
-        let expected = tidy(&self.redactions.redact(expected));
+        let (actual, expected) = (tidy(&actual), tidy(expected));
         Assert::new()
             .normalize_paths(false)
-            .try_eq(Some(&"the binary"), Data::text(actual), Data::text(expected))
-            .map_err(|e| format!("{label} disagrees with the doc:\n{e}"))
+            .try_eq(
+                Some(&"the binary"),
+                Data::text(self.redactions.redact(&actual)),
+                Data::text(self.redactions.redact(&expected)),
+            )
+            .map_err(|e| format!("{label} disagrees with the doc:\n{e}"))?;
+        self.same.check(label, &actual, &expected)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The docs' examples, run as written against real agents: every ```console block of the
 //! README, the guides and the references, its `$` commands run in one shell, their output
 //! compared with the doc's (snapbox: `[..]` and `...` wildcards, redactions of ports, ids,
-//! times and ages; see `redact`). A disagreement fails with the file and line.
+//! times and ages; see `redact`), and a value the doc shows twice must be one value printed
+//! twice (`same`). A disagreement fails with the file and line.
 //!
 //! The guides are one flow, as a new user reads them: README, getting started, embedding,
 //! the HTTP API, DNS; each goes on with the agents and registrations the one before left, so
@@ -21,6 +22,7 @@
 mod flow;
 mod markdown;
 mod redact;
+mod same;
 mod shell;
 
 /// The guides, in the order the README sends a new user through them.
@@ -74,4 +76,40 @@ fn a_doc_line_the_binary_does_not_print_fails_naming_its_file_and_line() {
         "{message}"
     );
     assert!(message.contains("0.0.0-not-this-one"), "{message}");
+}
+
+#[test]
+fn a_value_the_doc_shows_twice_must_be_one_value_printed_twice() {
+    let mut same = same::Same::new();
+    let doc = "web-1  3b94983390832086  2026-11-30T04:01:38.511Z\n";
+    same.check(
+        "x.md:1",
+        "web-1  aaaaaaaaaaaaaaaa  2026-12-02T10:00:00.000Z\n",
+        doc,
+    )
+    .unwrap();
+    // The same node, registered at the same time: as the doc says.
+    same.check(
+        "x.md:2",
+        "web-1  aaaaaaaaaaaaaaaa  2026-12-02T10:00:00.000Z\n",
+        doc,
+    )
+    .unwrap();
+    // A new registered_at after a restart, where the doc shows the one before.
+    let err = same
+        .check(
+            "x.md:3",
+            "web-1  aaaaaaaaaaaaaaaa  2026-12-02T10:00:05.000Z\n",
+            doc,
+        )
+        .unwrap_err();
+    assert!(err.contains("x.md:3") && err.contains("at x.md:1"), "{err}");
+    // Two values the doc tells apart may be one printed (the same millisecond).
+    let other = "web-2  3b94983390832086  2026-11-30T04:01:39.000Z\n";
+    same.check(
+        "x.md:4",
+        "web-2  aaaaaaaaaaaaaaaa  2026-12-02T10:00:00.000Z\n",
+        other,
+    )
+    .unwrap();
 }
