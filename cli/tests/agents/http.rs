@@ -16,7 +16,7 @@ fn http_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, String) {
 }
 
 /// The base URL the agent printed at its start.
-fn http_url(agent: &Agent) -> String {
+pub(super) fn http_url(agent: &Agent) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let line = agent
