@@ -67,6 +67,23 @@ pub(crate) fn from_client(e: ClientError) -> Fail {
     }
 }
 
+/// [`refused`], and when the agent found no such instance, `hint`: the command that lists
+/// them (the agent's message names none, as it reaches HTTP clients too).
+fn refused_listing(msg: ServerMessage, hint: impl FnOnce() -> String) -> Fail {
+    let not_found = matches!(
+        &msg,
+        ServerMessage::Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }
+    );
+    let mut fail = refused(msg);
+    if not_found {
+        fail.message = format!("{}; {}", fail.message, hint());
+    }
+    fail
+}
+
 /// Maps an agent's error answer to a failure; anything else is unexpected.
 pub(crate) fn refused(msg: ServerMessage) -> Fail {
     match msg {
@@ -207,7 +224,9 @@ pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Re
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service}` lists them")
+        })),
     }
 }
 
@@ -334,6 +353,7 @@ pub async fn maint(
         return Err(Fail::usage("--reason goes with `maint enable`"));
     }
     let reason = enable.then(|| reason.unwrap_or_else(|| "maintenance".to_string()));
+    let service = instance.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
     match ask(c, Request::Maintenance { instance, reason }).await? {
         ServerMessage::Maintenance { changed } => {
             if c.json {
@@ -345,7 +365,9 @@ pub async fn maint(
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service} --all` lists them with their nodes")
+        })),
     }
 }
 
@@ -392,6 +414,7 @@ pub async fn status(c: &ClientArgs) -> Result<(), Fail> {
 pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let hint = format!("`roster get {service}` lists the live ones");
     match ask(c, Request::Explain { service, instance }).await? {
         ServerMessage::Explain(x) => {
             if c.json {
@@ -401,7 +424,7 @@ pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Resul
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || hint)),
     }
 }
 
