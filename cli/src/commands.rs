@@ -13,9 +13,16 @@ use crate::{bulk_file, output, ClientArgs, Fail};
 /// What `--agent`, `--cluster-secret-file` and the TLS flags ask for, checked and loaded.
 pub(crate) fn settings(c: &ClientArgs) -> Result<(Option<Secret>, Option<ClientTls>), Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
+        let http = c.agent.starts_with("http://") || c.agent.starts_with("https://");
         return Err(Fail::usage(format!(
-            "--agent {:?} is not ws://host:port or wss://host:port",
-            c.agent
+            "--agent {:?} is not ws://host:port or wss://host:port{}; pass --agent ws://HOST:PORT \
+             with the agent's --listen address (port 7420 by default)",
+            c.agent,
+            if http {
+                " (an http:// URL is the agent's HTTP API, which the CLI does not use)"
+            } else {
+                ""
+            }
         )));
     }
     let tls = match (&c.tls_ca, &c.tls_cert, &c.tls_key) {

@@ -205,6 +205,28 @@ fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     assert!(text(&out.stderr).contains(&url));
 }
 
+/// `--agent` of another scheme (the HTTP API's `http://`, a bare address) says which
+/// address to give instead; nothing is sent.
+#[test]
+fn an_agent_url_that_is_not_ws_says_to_give_the_agents_listen_address() {
+    for (url, http) in [
+        ("http://127.0.0.1:7421", true),
+        ("https://127.0.0.1:7421", true),
+        ("127.0.0.1:7420", false),
+    ] {
+        let out = roster(&["ls", "--agent", url]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.ends_with(
+                "pass --agent ws://HOST:PORT with the agent's --listen address (port 7420 by default)"
+            ),
+            "{err}"
+        );
+        assert_eq!(err.contains("the agent's HTTP API"), http, "{err}");
+    }
+}
+
 #[test]
 fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
     let root = tempfile::tempdir().unwrap();
