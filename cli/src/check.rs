@@ -160,8 +160,14 @@ impl Check {
         self.validate_probe(exec_allowed)?;
         let interval = Duration::from_millis(self.interval_ms);
         if !(MIN_CHECK_INTERVAL..=MAX_CHECK_INTERVAL).contains(&interval) {
+            // A TTL check's interval is its ttl, the one time it was given.
+            let what = if self.probe == Probe::Ttl {
+                "a ttl check's ttl"
+            } else {
+                "a check interval"
+            };
             return Err(format!(
-                "a check interval of {} is out of range; use 1s to 24h",
+                "{what} of {} is out of range; use 1s to 24h",
                 humantime::format_duration(interval)
             ));
         }
@@ -338,6 +344,20 @@ mod tests {
             successes,
             ..Check::new(Probe::Tcp("127.0.0.1:1".into()))
         }
+    }
+
+    #[test]
+    fn a_ttl_check_out_of_range_is_told_by_its_ttl_and_another_by_its_interval() {
+        let e = Check::ttl(Duration::from_millis(500)).validate(false);
+        assert_eq!(
+            e,
+            Err("a ttl check's ttl of 500ms is out of range; use 1s to 24h".to_string())
+        );
+        let tcp = Check::new(Probe::Tcp("127.0.0.1:1".into())).every(Duration::from_millis(500));
+        assert_eq!(
+            tcp.validate(false),
+            Err("a check interval of 500ms is out of range; use 1s to 24h".to_string())
+        );
     }
 
     #[test]

@@ -13,9 +13,16 @@ use crate::{bulk_file, output, ClientArgs, Fail};
 /// What `--agent`, `--cluster-secret-file` and the TLS flags ask for, checked and loaded.
 pub(crate) fn settings(c: &ClientArgs) -> Result<(Option<Secret>, Option<ClientTls>), Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
+        let http = c.agent.starts_with("http://") || c.agent.starts_with("https://");
         return Err(Fail::usage(format!(
-            "--agent {:?} is not ws://host:port or wss://host:port",
-            c.agent
+            "--agent {:?} is not ws://host:port or wss://host:port{}; pass --agent ws://HOST:PORT \
+             with the agent's --listen address (port 7420 by default)",
+            c.agent,
+            if http {
+                " (an http:// URL is the agent's HTTP API, which the CLI does not use)"
+            } else {
+                ""
+            }
         )));
     }
     let tls = match (&c.tls_ca, &c.tls_cert, &c.tls_key) {
@@ -65,6 +72,23 @@ pub(crate) fn from_client(e: ClientError) -> Fail {
         | ClientError::Busy { .. } => Fail::unreachable(e.to_string()),
         ClientError::Protocol { .. } => Fail::failed(e.to_string()),
     }
+}
+
+/// [`refused`], and when the agent found no such instance, `hint`: the command that lists
+/// them (the agent's message names none, as it reaches HTTP clients too).
+fn refused_listing(msg: ServerMessage, hint: impl FnOnce() -> String) -> Fail {
+    let not_found = matches!(
+        &msg,
+        ServerMessage::Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }
+    );
+    let mut fail = refused(msg);
+    if not_found {
+        fail.message = format!("{}; {}", fail.message, hint());
+    }
+    fail
 }
 
 /// Maps an agent's error answer to a failure; anything else is unexpected.
@@ -207,7 +231,9 @@ pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Re
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service}` lists them")
+        })),
     }
 }
 
@@ -334,6 +360,7 @@ pub async fn maint(
         return Err(Fail::usage("--reason goes with `maint enable`"));
     }
     let reason = enable.then(|| reason.unwrap_or_else(|| "maintenance".to_string()));
+    let service = instance.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
     match ask(c, Request::Maintenance { instance, reason }).await? {
         ServerMessage::Maintenance { changed } => {
             if c.json {
@@ -345,7 +372,9 @@ pub async fn maint(
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service} --all` lists them with their nodes")
+        })),
     }
 }
 
@@ -392,6 +421,7 @@ pub async fn status(c: &ClientArgs) -> Result<(), Fail> {
 pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let hint = format!("`roster get {service}` lists the live ones");
     match ask(c, Request::Explain { service, instance }).await? {
         ServerMessage::Explain(x) => {
             if c.json {
@@ -401,7 +431,7 @@ pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Resul
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || hint)),
     }
 }
 

@@ -343,7 +343,7 @@ impl Node {
                 )));
             }
             return Err(Error::NotFound(format!(
-                "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
+                "this node owns no instance {instance:?} of {service:?}"
             )));
         }
         if let Some(store) = self.inner.store() {

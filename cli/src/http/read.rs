@@ -113,6 +113,8 @@ pub async fn explain(
     Params((service, instance)): Params<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     params::instance(&service, &instance)?;
-    let x = app.node.explain(&service, &instance).await?;
+    let x = app.node.explain(&service, &instance).await.map_err(|e| {
+        ApiError::from(e).or_listed(|| format!("GET /v1/services/{service} lists the live ones"))
+    })?;
     Ok(Json(serde_json::to_value(x).unwrap_or_default()))
 }

@@ -151,7 +151,9 @@ pub async fn deregister(
     Params((name, id)): Params<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     params::instance(&name, &id)?;
-    app.node.deregister(&name, &id).await?;
+    app.node.deregister(&name, &id).await.map_err(|e| {
+        ApiError::from(e).or_listed(|| format!("GET /v1/services/{name} lists its instances"))
+    })?;
     Ok(Json(
         json!({ "service": name, "instance": id, "deregistered": true }),
     ))
@@ -194,7 +196,11 @@ async fn maintenance(
     if let Some((s, i)) = target {
         params::instance(s, i)?;
     }
-    let changed = app.node.maintenance(target, reason).await?;
+    let changed = app.node.maintenance(target, reason).await.map_err(|e| {
+        let service = target.map_or("", |(s, _)| s);
+        ApiError::from(e)
+            .or_listed(|| format!("GET /v1/services/{service}?all lists its instances with their nodes"))
+    })?;
     Ok(Json(json!({ "changed": changed })))
 }
 

@@ -21,7 +21,7 @@ pub enum Error {
     #[error("{message}")]
     Setting {
         /// The builder method that set it: `fanout`, `gossip_interval`, `lease_ttl`,
-        /// `lease_per_member`, `max_clock_skew` or `join`.
+        /// `lease_per_member`, `max_clock_skew`, `join` or `advertise`.
         name: &'static str,
         /// What is wrong, and what to use.
         message: String,

@@ -136,11 +136,7 @@ impl Node {
     /// [`Error::NotFound`] when the replica holds nothing under that name;
     /// [`Error::Stopped`].
     pub async fn explain(&self, service: &str, instance: &str) -> Result<ExplainView, Error> {
-        let not_found = || {
-            Error::NotFound(format!(
-                "no registration {instance:?} of {service:?} here; `roster get {service}` lists the live ones"
-            ))
-        };
+        let not_found = || Error::NotFound(format!("no registration {instance:?} of {service:?} here"));
         let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
             return Err(not_found());
         };

@@ -16,7 +16,7 @@ fn http_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, String) {
 }
 
 /// The base URL the agent printed at its start.
-fn http_url(agent: &Agent) -> String {
+pub(super) fn http_url(agent: &Agent) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let line = agent
@@ -621,4 +621,55 @@ fn a_garbage_request_gets_the_json_error_body() {
         assert_eq!(v["error"]["kind"], "invalid", "{body}");
     }
     assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
+}
+
+/// A 404 about an instance says which request lists the service's instances, and names no
+/// `roster` command (an HTTP client may have none); the CLI's errors still name the command.
+#[test]
+fn an_instance_not_found_points_http_clients_at_a_request_and_the_cli_at_a_command() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let inst = format!("{h}/v1/services/web/instances/nope");
+    for (r, listing) in [
+        (
+            curl(&["-X", "DELETE", &inst]),
+            "; GET /v1/services/web lists its instances",
+        ),
+        (
+            curl(&["-X", "PUT", &format!("{inst}/maintenance")]),
+            "; GET /v1/services/web?all lists its instances with their nodes",
+        ),
+        (
+            curl(&[&format!("{h}/v1/explain/web/nope")]),
+            "; GET /v1/services/web lists the live ones",
+        ),
+    ] {
+        assert_eq!(r.error(404), "not_found");
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.ends_with(listing), "{message}");
+        assert!(
+            !message.contains("roster "),
+            "a CLI command in an HTTP error: {message}"
+        );
+    }
+    for (args, listing) in [
+        (
+            &["deregister", "web", "nope"][..],
+            "; `roster get web` lists them",
+        ),
+        (
+            &["maint", "enable", "web", "nope"],
+            "; `roster get web --all` lists them with their nodes",
+        ),
+        (
+            &["explain", "web", "nope"],
+            "; `roster get web` lists the live ones",
+        ),
+    ] {
+        let out = a.roster(args);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.trim_end().ends_with(listing), "{args:?}: {err}");
+        assert_eq!(err.matches("lists").count(), 1, "{args:?}: {err}");
+    }
 }

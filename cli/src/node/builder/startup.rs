@@ -157,16 +157,20 @@ impl NodeBuilder {
 
     fn check_advertise(&self, url: &str) -> Result<(), Error> {
         if self.tls.is_some() != url.starts_with("wss://") {
-            return Err(Error::Invalid(format!(
-                "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
-                if self.tls.is_some() { "with" } else { "without" },
-                if self.tls.is_some() { "wss://" } else { "ws://" }
-            )));
+            return Err(super::setting(
+                "advertise",
+                format!(
+                    "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
+                    if self.tls.is_some() { "with" } else { "without" },
+                    if self.tls.is_some() { "wss://" } else { "ws://" }
+                ),
+            ));
         }
         if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
-            return Err(Error::Invalid(format!(
-                "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
-            )));
+            return Err(super::setting(
+                "advertise",
+                format!("advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"),
+            ));
         }
         Ok(())
     }
