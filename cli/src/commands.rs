@@ -248,32 +248,7 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
             if c.json {
                 output::json(&list.iter().map(output::instance_json).collect::<Vec<_>>());
             } else {
-                let rows = list
-                    .iter()
-                    .map(|i| {
-                        vec![
-                            i.instance.clone(),
-                            i.address.clone(),
-                            i.status.clone(),
-                            i.node.clone(),
-                            output::rfc3339(i.registered_at_ms),
-                            output::meta_line(&i.meta),
-                            i.note.clone(),
-                        ]
-                    })
-                    .collect();
-                output::table(
-                    &[
-                        "INSTANCE",
-                        "ADDRESS",
-                        "STATUS",
-                        "NODE",
-                        "REGISTERED",
-                        "META",
-                        "NOTE",
-                    ],
-                    rows,
-                );
+                output::instances(&list);
             }
             Ok(())
         }
