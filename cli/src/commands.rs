@@ -256,6 +256,31 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
     }
 }
 
+/// `roster get SERVICE INSTANCE`: one live instance, whatever its status.
+pub async fn get_one(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let all = Request::Instances {
+        service: service.clone(),
+        all: true,
+    };
+    let list = match ask(c, all).await? {
+        ServerMessage::Instances(list) => list,
+        other => return Err(refused(other)),
+    };
+    let Some(i) = list.into_iter().find(|i| i.instance == instance) else {
+        return Err(Fail::failed(format!(
+            "no live instance {instance:?} of {service:?}; `roster get {service} --all` lists the live ones"
+        )));
+    };
+    if c.json {
+        output::json(&output::instance_json(&i));
+    } else {
+        output::instances(std::slice::from_ref(&i));
+    }
+    Ok(())
+}
+
 /// Why `get` shows nothing: no live instance at all, or none served (asked again with
 /// `all`, so the error says which).
 async fn none_served(c: &ClientArgs, service: &str, all: bool) -> Fail {

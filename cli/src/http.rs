@@ -110,7 +110,12 @@ fn router(app: App) -> Router {
             "/v1/services/{service}/instances",
             post(register::register_default),
         )
-        .route(instance, put(register::register).delete(register::deregister))
+        .route(
+            instance,
+            get(read::instance)
+                .put(register::register)
+                .delete(register::deregister),
+        )
         .route(&format!("{instance}/pass"), put(register::pass))
         .route(
             &format!("{instance}/maintenance"),

@@ -126,12 +126,15 @@ enum Command {
         client: ClientArgs,
     },
     /// Show the served (passing or warning) instances of a service (exit 1 when there is
-    /// none).
+    /// none), or one live instance whatever its status.
     Get {
         #[command(flatten)]
         client: ClientArgs,
         /// The service name.
         service: String,
+        /// One instance id: show it, whatever its status (exit 1 when it is not live).
+        #[arg(conflicts_with = "all")]
+        instance: Option<String>,
         /// Show every live instance, critical and in maintenance too.
         #[arg(long)]
         all: bool,
@@ -320,7 +323,18 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             instance,
         } => commands::deregister(&client, service, instance).await,
         Command::Ls { client } => commands::ls(&client).await,
-        Command::Get { client, service, all } => commands::get(&client, service, all).await,
+        Command::Get {
+            client,
+            service,
+            instance: Some(instance),
+            ..
+        } => commands::get_one(&client, service, instance).await,
+        Command::Get {
+            client,
+            service,
+            instance: None,
+            all,
+        } => commands::get(&client, service, all).await,
         Command::Watch {
             client,
             service,

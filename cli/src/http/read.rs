@@ -43,6 +43,22 @@ pub async fn service(
     Ok(answer(&select(&app.node, &name, &q)))
 }
 
+/// `GET /v1/services/{service}/instances/{instance}`: one live instance, whatever its
+/// status (as `?all` shows it); 404 when it is not live here.
+pub async fn instance(
+    State(app): State<App>,
+    Params((service, id)): Params<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    params::instance(&service, &id)?;
+    let found = app.node.lookup_all(&service).into_iter().find(|i| i.id == id);
+    match found {
+        Some(i) => Ok(Json(output::instance_json(&i.view()))),
+        None => Err(ApiError::not_found(format!(
+            "no live instance {id:?} of {service:?} here; GET /v1/services/{service}?all lists the live ones"
+        ))),
+    }
+}
+
 /// The instances of `service` a query shows, by id.
 pub fn select(node: &roster::Node, service: &str, q: &ServiceQuery) -> Vec<roster::Instance> {
     let found = if q.wide() {

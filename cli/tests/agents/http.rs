@@ -682,3 +682,29 @@ fn a_garbage_request_gets_the_json_error_body() {
     }
     assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
 }
+
+#[test]
+fn one_instance_is_read_alone_whatever_its_status_and_a_missing_one_is_404() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let web1 = format!("{h}/v1/services/web/instances/web-1");
+    put(&web1, r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#);
+    put(&format!("{web1}/maintenance"), r#"{"reason": "deploying"}"#);
+    let r = curl(&[&web1]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    let one = r.json();
+    assert_eq!(
+        (&one["instance"], &one["status"], &one["meta"]["zone"]),
+        (
+            &Value::from("web-1"),
+            &Value::from("maintenance"),
+            &Value::from("eu-1")
+        ),
+        "{one}"
+    );
+    let r = curl(&[&format!("{h}/v1/services/web/instances/web-9")]);
+    assert_eq!(r.error(404), "not_found");
+    assert!(r.body.contains("?all"), "{}", r.body);
+    let r = curl(&[&format!("{h}/v1/services/web/instances/Web%209")]);
+    assert_eq!(r.error(400), "invalid");
+}
