@@ -15,6 +15,7 @@ mod metrics;
 mod params;
 mod read;
 mod register;
+mod resume;
 mod sd;
 mod serve;
 mod watch;
