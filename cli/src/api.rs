@@ -162,6 +162,13 @@ pub enum Request {
         /// Why, shown with the instance; `None`: put them back in service.
         reason: Option<String>,
     },
+    /// Writes a live member dead for every replica (`roster force-leave`): its
+    /// registrations leave every read at once. Refused for a node that answers (this agent,
+    /// or one connected to it). Answered with [`ServerMessage::ForcedLeave`].
+    ForceLeave {
+        /// Its name, or its id (16 hex digits).
+        node: String,
+    },
 }
 
 /// What a watcher shows of an instance, in 8 bytes: the first 8 bytes of SHA-256 over
@@ -470,6 +477,11 @@ pub enum ServerMessage {
         /// The instances.
         changed: Vec<String>,
     },
+    /// A member was written dead (the answer to [`Request::ForceLeave`]).
+    ForcedLeave {
+        /// Its id.
+        node: String,
+    },
 }
 
 impl ServerMessage {
@@ -492,6 +504,7 @@ impl ServerMessage {
             Self::Left => "left",
             Self::Passed => "passed",
             Self::Maintenance { .. } => "maintenance",
+            Self::ForcedLeave { .. } => "forced leave",
         }
     }
 }

@@ -434,3 +434,18 @@ pub async fn leave(c: &ClientArgs) -> Result<(), Fail> {
         other => Err(refused(other)),
     }
 }
+
+/// `roster force-leave NODE`.
+pub async fn force_leave(c: &ClientArgs, node: String) -> Result<(), Fail> {
+    match ask(c, Request::ForceLeave { node: node.clone() }).await? {
+        ServerMessage::ForcedLeave { node: id } => {
+            if c.json {
+                output::json(&serde_json::json!({ "node": id, "written_dead": true }));
+            } else {
+                println!("node {node} ({id}) written dead: its registrations are gone from every read");
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}

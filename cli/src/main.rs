@@ -229,6 +229,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Write a node that is gone for good dead for every replica now: its registrations
+    /// leave every read at once, not when its lease ends. Refused for a node that answers.
+    ForceLeave {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The node's name or id (as `roster members` shows them).
+        node: String,
+    },
     /// Ask for an anti-entropy round now (at most once per the agent's --sync-min-interval).
     Sync {
         #[command(flatten)]
@@ -361,6 +369,7 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             instance,
         } => commands::explain(&client, service, instance).await,
         Command::Sync { client } => commands::sync(&client).await,
+        Command::ForceLeave { client, node } => commands::force_leave(&client, node).await,
         Command::Leave { client } => commands::leave(&client).await,
         Command::Id { data_dir, json } => agent::identity(data_dir, json),
         Command::Completions { shell } => {

@@ -25,6 +25,7 @@ mod checks;
 #[cfg(test)]
 mod disk_tests;
 mod error;
+mod force;
 mod group;
 #[cfg(test)]
 mod group_tests;

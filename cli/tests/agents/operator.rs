@@ -34,3 +34,62 @@ fn roster_get_with_an_instance_shows_that_one_whatever_its_status() {
     let out = a.roster(&["get", "web", "Web 9"]);
     assert_eq!(out.status.code(), Some(2), "a bad id is bad input");
 }
+
+#[test]
+fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answers() {
+    let root = tempfile::tempdir().unwrap();
+    let long = ["--lease-ttl", "60s"];
+    let a = Agent::start(&root.path().join("a"), "a", &long);
+    let b = Agent::start(
+        &root.path().join("b"),
+        "b",
+        &[&long[..], &["--join", &a.url]].concat(),
+    );
+    assert!(a
+        .roster(&["register", "db", "127.0.0.1:5432", "--id", "db-1"])
+        .status
+        .success());
+    within(Duration::from_secs(5), "b holds a's registration", || {
+        b.instances("db").len() == 1
+    });
+    // A node that answers is refused, by name, and nothing changes.
+    let out = b.roster(&["force-leave", "a"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("answers") && err.lines().count() == 1, "{err}");
+    assert_eq!(b.instances("db").len(), 1);
+    let out = b.roster(&["force-leave", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("roster members"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // a is gone for good; b comes back alone from its disk, where a's lease has most of
+    // a minute left.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(a.kill9());
+    let (dir, port) = b.kill9();
+    let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &long);
+    assert_eq!(
+        b.instances("db").len(),
+        1,
+        "a's registration, until its lease ends"
+    );
+    let done = b.json(&["force-leave", "a"]);
+    assert_eq!(done["written_dead"], true, "{done}");
+    assert!(
+        b.instances("db").is_empty(),
+        "gone at once, not when the lease ends"
+    );
+    let members = b.json(&["members"]);
+    assert!(
+        !members
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "a" && m["state"] == "alive"),
+        "{members}"
+    );
+}

@@ -205,6 +205,16 @@ impl Handle {
         .await?
     }
 
+    /// Writes `node` dead for every replica now (an operator's force-leave); refused for
+    /// a node that answers. See [`proto::Node::force_dead`].
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn force_dead(&self, node: ReplicaId) -> Result<proto::ForcedDeath, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Command::ForceDead { node, reply }, answer).await?
+    }
+
     /// Runs `f` on the node task with the protocol state machine and the wall time, and
     /// returns what it returns: for reads the replica snapshot does not answer (members,
     /// acknowledgements).

@@ -1,0 +1,41 @@
+//! An operator's `force-leave`: a node written dead for every replica now, as the failure
+//! detector writes one once the peers it asks cannot reach it (see `liveness`).
+
+use roster_registry::ReplicaId;
+
+use super::{Node, Now};
+
+/// What [`Node::force_dead`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForcedDeath {
+    /// Written dead: its registrations are gone from every read, here now and on every
+    /// replica the delta reaches.
+    Written,
+    /// Refused: this node, or a node connected to it, which answers.
+    Answers,
+    /// Nothing to write: no lease of it is stored (not a member, or gone already).
+    Unknown,
+}
+
+impl Node {
+    /// Writes `peer` dead now: removes every dot of its lease, so its registrations leave
+    /// every read and a later sweep collects them. A node that is in fact alive renews its
+    /// lease when it hears of it (a refutation) and is back, so refusing a connected node
+    /// only spares a pointless round.
+    pub fn force_dead(&mut self, peer: ReplicaId, now: impl Into<Now>) -> ForcedDeath {
+        let now = self.time.input(now.into());
+        if peer == self.me.id || self.conns.values().any(|c| c.peer == peer) {
+            return ForcedDeath::Answers;
+        }
+        let seen = self.replica.lease_dots(peer);
+        let Some(applied) = self.replica.write_dead(peer, &seen, now.wall_ms) else {
+            return ForcedDeath::Unknown;
+        };
+        self.counters.deaths_written += 1;
+        let p = self.peers.entry(peer).or_default();
+        p.written_dead_at = Some(now.mono_ms);
+        self.suspects.remove(&peer);
+        self.local_delta(applied.delta, applied.changes, now);
+        ForcedDeath::Written
+    }
+}
