@@ -169,6 +169,15 @@ pub enum Request {
         /// Its name, or its id (16 hex digits).
         node: String,
     },
+    /// Removes an instance whatever node owns it (`roster deregister --any-owner`): an
+    /// operator's exception to the owner check of [`Request::Deregister`], logged and
+    /// counted by the agent. Answered with [`ServerMessage::Deregistered`].
+    RemoveAsOperator {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
 }
 
 /// What a watcher shows of an instance, in 8 bytes: the first 8 bytes of SHA-256 over
@@ -316,6 +325,9 @@ pub struct CountersView {
     /// Times this node found itself written dead and renewed its lease.
     #[serde(default)]
     pub deaths_refuted: u64,
+    /// Instances of other nodes an operator removed through this agent.
+    #[serde(default)]
+    pub operator_removals: u64,
 }
 
 /// This agent.

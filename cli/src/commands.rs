@@ -185,18 +185,28 @@ pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Resul
     Ok(())
 }
 
-pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+/// `roster deregister`; with `any_owner`, an operator's removal whatever node owns it.
+pub async fn deregister(
+    c: &ClientArgs,
+    service: String,
+    instance: String,
+    any_owner: bool,
+) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
-    match ask(
-        c,
+    let (s, i) = (service.clone(), instance.clone());
+    let req = if any_owner {
+        Request::RemoveAsOperator {
+            service: s,
+            instance: i,
+        }
+    } else {
         Request::Deregister {
-            service: service.clone(),
-            instance: instance.clone(),
-        },
-    )
-    .await?
-    {
+            service: s,
+            instance: i,
+        }
+    };
+    match ask(c, req).await? {
         ServerMessage::Deregistered => {
             if c.json {
                 output::json(

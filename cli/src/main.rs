@@ -119,6 +119,10 @@ enum Command {
         service: String,
         /// The instance id.
         instance: String,
+        /// Remove it whatever node owns it (an operator's removal of a stranded instance;
+        /// logged and counted by the agent). A live owner writes it back.
+        #[arg(long)]
+        any_owner: bool,
     },
     /// List services and their live instance counts.
     Ls {
@@ -329,7 +333,8 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             client,
             service,
             instance,
-        } => commands::deregister(&client, service, instance).await,
+            any_owner,
+        } => commands::deregister(&client, service, instance, any_owner).await,
         Command::Ls { client } => commands::ls(&client).await,
         Command::Get {
             client,

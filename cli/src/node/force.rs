@@ -1,7 +1,8 @@
-//! An operator's force-leave: a member whose node is gone for good, written dead for every
-//! replica now rather than when its lease ends.
+//! What an operator may do over the owner checks: force-leave (a member whose node is gone
+//! for good, written dead for every replica now rather than when its lease ends), and the
+//! removal of an instance whatever node owns it.
 
-use roster_registry::ReplicaId;
+use roster_registry::{ProviderId, ReplicaId, ServiceName};
 use roster_transport::proto::{self, ForcedDeath};
 
 use super::{now_ms, Error, Node};
@@ -28,6 +29,42 @@ impl Node {
             ))),
             ForcedDeath::Unknown => Err(not_a_member(node)),
         }
+    }
+
+    /// Removes an instance whatever node owns it: the operator's exception to the owner
+    /// check of [`Node::deregister`], for an instance stranded by its owner. Logged (a
+    /// warning) and counted (`operator_removals`). An owner that is alive writes it again;
+    /// deregister it there instead. One this node owns is deregistered as usual.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name; [`Error::NotFound`] when no node holds it here;
+    /// [`Error::Store`]; [`Error::Stopped`].
+    pub async fn remove_as_operator(&self, service: &str, instance: &str) -> Result<(), Error> {
+        let s = ServiceName::new(service).map_err(|e| Error::Invalid(e.to_string()))?;
+        let p = ProviderId::new(instance).map_err(|e| Error::Invalid(e.to_string()))?;
+        if self
+            .inner
+            .owned
+            .lock()
+            .await
+            .contains_key(&format!("{service}/{instance}"))
+        {
+            return self.deregister(service, instance).await;
+        }
+        let owner = self.owner_elsewhere(&s, &p);
+        if !self.inner.handle.remove_as_operator(s, p).await? {
+            return Err(Error::NotFound(format!(
+                "no node holds an instance {instance:?} of {service:?} here; `roster get {service} --all` lists them"
+            )));
+        }
+        tracing::warn!(
+            service,
+            instance,
+            owner = owner.as_deref().unwrap_or("a node that is not a live member"),
+            "an operator removed an instance of another node"
+        );
+        self.inner.handle.pushed().await;
+        Ok(())
     }
 
     /// The id of the live member named or numbered `node`.

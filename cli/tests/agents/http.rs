@@ -16,7 +16,7 @@ fn http_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, String) {
 }
 
 /// The base URL the agent printed at its start.
-fn http_url(agent: &Agent) -> String {
+pub(super) fn http_url(agent: &Agent) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let line = agent
@@ -30,19 +30,19 @@ fn http_url(agent: &Agent) -> String {
 }
 
 /// An HTTP answer: its status, headers (lowercase names) and body.
-struct Reply {
-    code: u16,
+pub(super) struct Reply {
+    pub(super) code: u16,
     headers: String,
-    body: String,
+    pub(super) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The error's kind, asserting the status and that the body is one error object.
-    fn error(&self, code: u16) -> String {
+    pub(super) fn error(&self, code: u16) -> String {
         assert_eq!(self.code, code, "{}", self.body);
         let v = self.json();
         let message = v["error"]["message"].as_str().unwrap();
@@ -59,7 +59,7 @@ impl Reply {
 }
 
 /// `curl` with `args`; any status is an answer.
-fn curl(args: &[&str]) -> Reply {
+pub(super) fn curl(args: &[&str]) -> Reply {
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "30", "-D", "-", "-w", "\n%{http_code}"])
         .args(args)

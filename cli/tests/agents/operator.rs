@@ -93,3 +93,70 @@ fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answe
         "{members}"
     );
 }
+
+#[test]
+fn an_operator_removes_an_instance_of_another_node_logged_and_counted() {
+    let root = tempfile::tempdir().unwrap();
+    let long = ["--lease-ttl", "60s"];
+    let a = Agent::start(&root.path().join("a"), "a", &long);
+    let b = Agent::start(
+        &root.path().join("b"),
+        "b",
+        &[&long[..], &["--join", &a.url]].concat(),
+    );
+    for id in ["web-1", "web-2"] {
+        assert!(a
+            .roster(&["register", "web", "127.0.0.1:80", "--id", id])
+            .status
+            .success());
+    }
+    within(Duration::from_secs(5), "b holds a's registrations", || {
+        b.instances("web").len() == 2
+    });
+    // a is gone for good, its instances stranded on b until a's lease ends.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(a.kill9());
+    let (dir, port) = b.kill9();
+    let http = ["--http-listen", "127.0.0.1:0"];
+    let b = Agent::start_on(
+        &dir,
+        "b",
+        &format!("127.0.0.1:{port}"),
+        &[&long[..], &http].concat(),
+    );
+    let h = super::http::http_url(&b);
+    assert_eq!(b.instances("web").len(), 2);
+
+    // A normal write still checks the owner; the operator's removal does not.
+    let out = b.roster(&["deregister", "web", "web-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("registered by node a"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = b.roster(&["deregister", "web", "web-1", "--any-owner"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let left: Vec<Value> = b.instances("web");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["instance"], "web-2");
+    let url = format!("{h}/v1/services/web/instances/web-2");
+    assert_eq!(super::http::curl(&["-X", "DELETE", &url]).code, 409);
+    let r = super::http::curl(&["-X", "DELETE", &format!("{url}?any-owner")]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert!(b.instances("web").is_empty());
+    let r = super::http::curl(&["-X", "DELETE", &format!("{url}?any-owner")]);
+    assert_eq!(r.error(404), "not_found");
+
+    let metrics = super::http::curl(&[&format!("{h}/metrics")]).body;
+    assert!(
+        metrics.lines().any(|l| l == "roster_operator_removals_total 2"),
+        "{metrics}"
+    );
+    within(Duration::from_secs(5), "the log says who removed what", || {
+        b.log()
+            .matches("an operator removed an instance of another node")
+            .count()
+            == 2
+    });
+}

@@ -215,6 +215,25 @@ impl Handle {
         self.ask(Command::ForceDead { node, reply }, answer).await?
     }
 
+    /// Removes an instance whatever node owns it (an operator's removal). Returns whether
+    /// there was one. See [`proto::Node::remove_as_operator`].
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn remove_as_operator(
+        &self,
+        service: ServiceName,
+        provider: ProviderId,
+    ) -> Result<bool, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        let cmd = Command::RemoveAsOperator {
+            service,
+            provider,
+            reply,
+        };
+        self.ask(cmd, answer).await?
+    }
+
     /// Runs `f` on the node task with the protocol state machine and the wall time, and
     /// returns what it returns: for reads the replica snapshot does not answer (members,
     /// acknowledgements).

@@ -56,6 +56,12 @@ pub(super) enum Command {
         node: ReplicaId,
         reply: oneshot::Sender<Result<crate::proto::ForcedDeath, DriverError>>,
     },
+    /// An operator's removal of an instance whatever node owns it.
+    RemoveAsOperator {
+        service: ServiceName,
+        provider: ProviderId,
+        reply: oneshot::Sender<Result<bool, DriverError>>,
+    },
     /// Answered once what the node wrote so far was handed to every connected peer.
     Pushed(oneshot::Sender<()>),
     SyncNow(oneshot::Sender<bool>),
@@ -386,6 +392,20 @@ impl NodeTask {
                     Err(DriverError::Stopped)
                 } else {
                     Ok(self.node.force_dead(node, now))
+                };
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+            Command::RemoveAsOperator {
+                service,
+                provider,
+                reply,
+            } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    Ok(self.node.remove_as_operator(&service, &provider, now))
                 };
                 self.flush();
                 self.publish_replica();

@@ -1,7 +1,8 @@
-//! An operator's `force-leave`: a node written dead for every replica now, as the failure
-//! detector writes one once the peers it asks cannot reach it (see `liveness`).
+//! What an operator may write over the owner checks: `force-leave`, a node written dead
+//! for every replica now, as the failure detector writes one once the peers it asks cannot
+//! reach it (see `liveness`); and the removal of an instance whatever node owns it.
 
-use roster_registry::ReplicaId;
+use roster_registry::{ProviderId, ReplicaId, ServiceName};
 
 use super::{Node, Now};
 
@@ -37,5 +38,31 @@ impl Node {
         self.suspects.remove(&peer);
         self.local_delta(applied.delta, applied.changes, now);
         ForcedDeath::Written
+    }
+}
+
+impl Node {
+    /// Removes an instance whatever node wrote it (an operator's removal of a stranded
+    /// instance), counted in [`Counters::operator_removals`](super::Counters). Its owner,
+    /// if alive, writes it again (its repair of overwrites). Returns whether there was one.
+    pub fn remove_as_operator(
+        &mut self,
+        service: &ServiceName,
+        provider: &ProviderId,
+        now: impl Into<Now>,
+    ) -> bool {
+        if self.owned.contains_key(&(service.clone(), provider.clone())) {
+            return self.deregister(service, provider, now);
+        }
+        let now = self.time.input(now.into());
+        let Some(applied) = self
+            .replica
+            .deregister(service.clone(), provider.clone(), now.wall_ms)
+        else {
+            return false;
+        };
+        self.counters.operator_removals += 1;
+        self.local_delta(applied.delta, applied.changes, now);
+        true
     }
 }
