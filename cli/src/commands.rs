@@ -209,18 +209,28 @@ pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Resul
     Ok(())
 }
 
-pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+/// `roster deregister`; with `any_owner`, an operator's removal whatever node owns it.
+pub async fn deregister(
+    c: &ClientArgs,
+    service: String,
+    instance: String,
+    any_owner: bool,
+) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
-    match ask(
-        c,
+    let (s, i) = (service.clone(), instance.clone());
+    let req = if any_owner {
+        Request::RemoveAsOperator {
+            service: s,
+            instance: i,
+        }
+    } else {
         Request::Deregister {
-            service: service.clone(),
-            instance: instance.clone(),
-        },
-    )
-    .await?
-    {
+            service: s,
+            instance: i,
+        }
+    };
+    match ask(c, req).await? {
         ServerMessage::Deregistered => {
             if c.json {
                 output::json(
@@ -274,37 +284,37 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
             if c.json {
                 output::json(&list.iter().map(output::instance_json).collect::<Vec<_>>());
             } else {
-                let rows = list
-                    .iter()
-                    .map(|i| {
-                        vec![
-                            i.instance.clone(),
-                            i.address.clone(),
-                            i.status.clone(),
-                            i.node.clone(),
-                            output::rfc3339(i.registered_at_ms),
-                            output::meta_line(&i.meta),
-                            i.note.clone(),
-                        ]
-                    })
-                    .collect();
-                output::table(
-                    &[
-                        "INSTANCE",
-                        "ADDRESS",
-                        "STATUS",
-                        "NODE",
-                        "REGISTERED",
-                        "META",
-                        "NOTE",
-                    ],
-                    rows,
-                );
+                output::instances(&list);
             }
             Ok(())
         }
         other => Err(refused(other)),
     }
+}
+
+/// `roster get SERVICE INSTANCE`: one live instance, whatever its status.
+pub async fn get_one(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let all = Request::Instances {
+        service: service.clone(),
+        all: true,
+    };
+    let list = match ask(c, all).await? {
+        ServerMessage::Instances(list) => list,
+        other => return Err(refused(other)),
+    };
+    let Some(i) = list.into_iter().find(|i| i.instance == instance) else {
+        return Err(Fail::failed(format!(
+            "no live instance {instance:?} of {service:?}; `roster get {service} --all` lists the live ones"
+        )));
+    };
+    if c.json {
+        output::json(&output::instance_json(&i));
+    } else {
+        output::instances(std::slice::from_ref(&i));
+    }
+    Ok(())
 }
 
 /// Why `get` shows nothing: no live instance at all, or none served (asked again with
@@ -458,6 +468,21 @@ pub async fn leave(c: &ClientArgs) -> Result<(), Fail> {
                 output::json(&serde_json::json!({ "left": true }));
             } else {
                 println!("the agent at {} is leaving the cluster and stopping", c.agent);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+/// `roster force-leave NODE`.
+pub async fn force_leave(c: &ClientArgs, node: String) -> Result<(), Fail> {
+    match ask(c, Request::ForceLeave { node: node.clone() }).await? {
+        ServerMessage::ForcedLeave { node: id } => {
+            if c.json {
+                output::json(&serde_json::json!({ "node": id, "written_dead": true }));
+            } else {
+                println!("node {node} ({id}) written dead: its registrations are gone from every read");
             }
             Ok(())
         }

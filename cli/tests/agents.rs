@@ -45,6 +45,9 @@ mod exit_codes;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
+/// The operator's tools: one instance, force-leave, operator removal.
+#[path = "agents/operator.rs"]
+mod operator;
 /// systemd readiness, completions, man pages, docs/ops/.
 #[path = "agents/packaging.rs"]
 mod packaging;

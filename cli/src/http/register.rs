@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::{self, Params};
+use super::params::{self, Pairs, Params};
 use super::App;
 use crate::bulk_file::RawCheck;
 
@@ -145,15 +145,21 @@ pub async fn register_default(
     Ok(Json(json!({ "service": name, "instance": id })))
 }
 
-/// `DELETE /v1/services/{service}/instances/{instance}`.
+/// `DELETE /v1/services/{service}/instances/{instance}`; `?any-owner`: an operator's
+/// removal, whatever node owns it.
 pub async fn deregister(
     State(app): State<App>,
     Params((name, id)): Params<(String, String)>,
+    Pairs(pairs): Pairs,
 ) -> Result<Json<Value>, ApiError> {
     params::instance(&name, &id)?;
-    app.node.deregister(&name, &id).await.map_err(|e| {
-        ApiError::from(e).or_listed(|| format!("GET /v1/services/{name} lists its instances"))
-    })?;
+    if params::any_owner(pairs)? {
+        app.node.remove_as_operator(&name, &id).await?;
+    } else {
+        app.node.deregister(&name, &id).await.map_err(|e| {
+            ApiError::from(e).or_listed(|| format!("GET /v1/services/{name} lists its instances"))
+        })?;
+    }
     Ok(Json(
         json!({ "service": name, "instance": id, "deregistered": true }),
     ))

@@ -49,6 +49,9 @@ pub enum Error {
     /// Nothing by that name.
     #[error("{0}")]
     NotFound(String),
+    /// A force-leave of a node that answers: this node, or one connected to it.
+    #[error("{0}")]
+    Answers(String),
     /// The instance id is registered by another live node.
     #[error("{0}")]
     OwnedElsewhere(String),

@@ -125,6 +125,7 @@ impl Node {
                 overwrites_repaired: c.protocol.overwrites_repaired,
                 deaths_written: c.protocol.deaths_written,
                 deaths_refuted: c.protocol.deaths_refuted,
+                operator_removals: c.protocol.operator_removals,
             },
         })
     }

@@ -30,19 +30,19 @@ pub(super) fn http_url(agent: &Agent) -> String {
 }
 
 /// An HTTP answer: its status, headers (lowercase names) and body.
-struct Reply {
-    code: u16,
+pub(super) struct Reply {
+    pub(super) code: u16,
     headers: String,
-    body: String,
+    pub(super) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The error's kind, asserting the status and that the body is one error object.
-    fn error(&self, code: u16) -> String {
+    pub(super) fn error(&self, code: u16) -> String {
         assert_eq!(self.code, code, "{}", self.body);
         let v = self.json();
         let message = v["error"]["message"].as_str().unwrap();
@@ -59,7 +59,7 @@ impl Reply {
 }
 
 /// `curl` with `args`; any status is an answer.
-fn curl(args: &[&str]) -> Reply {
+pub(super) fn curl(args: &[&str]) -> Reply {
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "30", "-D", "-", "-w", "\n%{http_code}"])
         .args(args)
@@ -184,8 +184,14 @@ struct Stream {
 
 impl Stream {
     fn open(url: &str) -> Stream {
+        Self::open_with(url, &[])
+    }
+
+    /// As [`Stream::open`], with more curl arguments (a header).
+    fn open_with(url: &str, args: &[&str]) -> Stream {
         let mut child = Command::new("curl")
             .args(["-sN", url])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -197,7 +203,13 @@ impl Stream {
 
     /// The next event (`event:` and `data:`), skipping comments, within 15 s.
     fn next(&self) -> (String, Value) {
-        let mut kind = None;
+        let (kind, data, _) = self.next_with_id();
+        (kind, data)
+    }
+
+    /// The next event and its `id:`, if it has one.
+    fn next_with_id(&self) -> (String, Value, Option<String>) {
+        let (mut kind, mut id) = (None, None);
         loop {
             let line = self
                 .lines
@@ -205,8 +217,10 @@ impl Stream {
                 .expect("an event within 15 s");
             if let Some(k) = line.strip_prefix("event: ") {
                 kind = Some(k.to_string());
+            } else if let Some(i) = line.strip_prefix("id: ") {
+                id = Some(i.to_string());
             } else if let Some(d) = line.strip_prefix("data: ") {
-                return (kind.take().unwrap(), serde_json::from_str(d).unwrap());
+                return (kind.take().unwrap(), serde_json::from_str(d).unwrap(), id);
             }
         }
     }
@@ -248,7 +262,10 @@ fn an_http_watch_streams_changes_and_a_blocking_query_answers_when_they_happen()
     );
     let (kind, data) = watch.next();
     assert_eq!(kind, "down");
-    assert_eq!(data, serde_json::json!({"service": "web", "instance": "web-3"}));
+    assert_eq!(
+        data,
+        serde_json::json!({"service": "web", "instance": "web-3", "address": "10.0.0.9:8080"})
+    );
     curl(&["-X", "DELETE", &inst("web-1")]);
     let (kind, data) = watch.next();
     assert_eq!(
@@ -672,4 +689,75 @@ fn an_instance_not_found_points_http_clients_at_a_request_and_the_cli_at_a_comma
         assert!(err.trim_end().ends_with(listing), "{args:?}: {err}");
         assert_eq!(err.matches("lists").count(), 1, "{args:?}: {err}");
     }
+}
+
+#[test]
+fn one_instance_is_read_alone_whatever_its_status_and_a_missing_one_is_404() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let web1 = format!("{h}/v1/services/web/instances/web-1");
+    put(&web1, r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#);
+    put(&format!("{web1}/maintenance"), r#"{"reason": "deploying"}"#);
+    let r = curl(&[&web1]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    let one = r.json();
+    assert_eq!(
+        (&one["instance"], &one["status"], &one["meta"]["zone"]),
+        (
+            &Value::from("web-1"),
+            &Value::from("maintenance"),
+            &Value::from("eu-1")
+        ),
+        "{one}"
+    );
+    let r = curl(&[&format!("{h}/v1/services/web/instances/web-9")]);
+    assert_eq!(r.error(404), "not_found");
+    assert!(r.body.contains("?all"), "{}", r.body);
+    let r = curl(&[&format!("{h}/v1/services/web/instances/Web%209")]);
+    assert_eq!(r.error(400), "invalid");
+}
+
+#[test]
+fn an_http_watch_resumed_with_last_event_id_gets_what_changed_once_and_nothing_else() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let inst = |id: &str| format!("{h}/v1/services/web/instances/{id}");
+    put(&inst("web-1"), r#"{"address": "10.0.0.7:8080"}"#);
+    put(&inst("web-2"), r#"{"address": "10.0.0.8:8080"}"#);
+    put(&inst("web-4"), r#"{"address": "10.0.0.10:8080"}"#);
+    let watch = Stream::open(&format!("{h}/v1/services/web?watch"));
+    let mut last = None;
+    for want in ["web-1", "web-2", "web-4"] {
+        let (kind, data, id) = watch.next_with_id();
+        assert_eq!((kind.as_str(), &data["instance"]), ("up", &Value::from(want)));
+        last = Some(id.expect("every event has an id"));
+    }
+    drop(watch);
+
+    // While the client is away: one goes, one changes, one comes; web-4 stays as it was.
+    curl(&["-X", "DELETE", &inst("web-1")]);
+    put(&inst("web-2"), r#"{"address": "10.0.0.18:8080"}"#);
+    put(&inst("web-3"), r#"{"address": "10.0.0.9:8080"}"#);
+    let header = format!("Last-Event-ID: {}", last.unwrap());
+    let watch = Stream::open_with(&format!("{h}/v1/services/web?watch"), &["-H", &header]);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (kind, data) = watch.next();
+        seen.push(format!("{kind} {}", data["instance"].as_str().unwrap()));
+    }
+    seen.sort();
+    assert_eq!(seen, ["down web-1", "up web-2", "up web-3"]);
+    // Nothing else came before the next change: no repeat of web-4. A live `down` says
+    // where the instance was.
+    curl(&["-X", "DELETE", &inst("web-3")]);
+    let (kind, data) = watch.next();
+    assert_eq!(kind, "down");
+    assert_eq!(
+        data,
+        serde_json::json!({"service": "web", "instance": "web-3", "address": "10.0.0.9:8080"})
+    );
+
+    let bad = curl(&["-H", "Last-Event-ID: 42", &format!("{h}/v1/services/web?watch")]);
+    assert_eq!(bad.error(400), "invalid");
+    assert!(bad.body.contains("reconnect without it"), "{}", bad.body);
 }

@@ -94,6 +94,11 @@ impl NodeBuilder {
             secret,
             client_auth_always: self.client_auth_always,
             exec_checks: self.exec_checks,
+            // The CA file was read and checked above (`tls.check()`).
+            check_tls: self
+                .tls
+                .as_ref()
+                .and_then(|t| driver::ClientTls::load(&t.ca_pem, None).ok()),
             checks: checks::Checks::default(),
             last_sync: std::sync::Mutex::new(None),
             pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
