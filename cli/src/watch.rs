@@ -19,7 +19,9 @@ pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool, all: bool
     // not lost, as it was with a listener made anew for each event.
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     loop {
+        // Biased: the listener is polled, so registered, before the first event is printed.
         let event = tokio::select! {
+            biased;
             _ = &mut ctrl_c => return Ok(()),
             e = watch.next() => e,
         };

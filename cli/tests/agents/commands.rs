@@ -518,7 +518,12 @@ fn a_watch_ends_on_ctrl_c_even_right_after_it_printed_a_line() {
             status = w.child.try_wait().unwrap();
             status.is_some()
         });
-        assert_eq!(status.unwrap().code(), Some(0), "Ctrl-C ends a watch with exit 0");
+        let status = status.unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "Ctrl-C ends a watch with exit 0, not {status}"
+        );
     }
 }
 
