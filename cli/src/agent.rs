@@ -10,9 +10,11 @@ use crate::{parse_duration, Fail};
 
 mod config;
 mod files;
+mod from_file;
 
 use config::{file_duration, key_line, read_config, FileConfig};
 pub use files::{read_secret, tls_files};
+use from_file::{keys_used, FromFile};
 
 /// Flags of `roster agent`. Each has a key in the config file (the flag's name) and a
 /// variable `ROSTER_<FLAG>`; a flag beats its variable, which beats the file.
@@ -124,14 +126,22 @@ pub struct AgentArgs {
 /// The longest TTL a DNS answer may carry.
 const MAX_DNS_TTL: Duration = Duration::from_secs(3600);
 
-/// `--dns-domain` and `--dns-ttl`, checked.
-fn dns_config(domain: Option<String>, ttl: Option<Duration>) -> Result<crate::dns::DnsConfig, Fail> {
-    let domain = crate::dns::domain(domain.as_deref().unwrap_or("roster")).map_err(Fail::usage)?;
+/// `--dns-domain` and `--dns-ttl`, checked; a refusal comes with the key it is about.
+fn dns_config(
+    domain: Option<String>,
+    ttl: Option<Duration>,
+) -> Result<crate::dns::DnsConfig, (&'static str, Fail)> {
+    let domain = crate::dns::domain(domain.as_deref().unwrap_or("roster"))
+        .map_err(|e| ("dns-domain", Fail::usage(e)))?;
     let ttl = ttl.unwrap_or(Duration::ZERO);
     if ttl > MAX_DNS_TTL {
-        return Err(Fail::usage(format!(
-            "--dns-ttl {ttl:?} is over 1h; answers older than that mislead"
-        )));
+        return Err((
+            "dns-ttl",
+            Fail::usage(format!(
+                "DNS TTL {} is over 1h; use at most 1h (answers older than that mislead)",
+                humantime::format_duration(ttl)
+            )),
+        ));
     }
     Ok(crate::dns::DnsConfig { domain, ttl })
 }
@@ -208,7 +218,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Fail> {
     let settings = Settings::of(args)?;
     let http = settings.http().await?;
     let dns = match &settings.dns_listen {
-        Some(a) => Some(crate::dns::Sockets::bind(a).await?),
+        Some(a) => Some(
+            crate::dns::Sockets::bind(a)
+                .await
+                .map_err(|f| settings.from_file.name("dns-listen", f))?,
+        ),
         None => None,
     };
     let node = settings
@@ -290,11 +304,8 @@ struct Settings {
     /// `None`: off.
     dns_listen: Option<String>,
     dns: crate::dns::DnsConfig,
-    /// The config file and its text, when one was given.
-    config: Option<(PathBuf, String)>,
-    /// The config file's keys whose values are used (no flag or variable beat them) and that
-    /// the node checks: its errors about them name the file and line.
-    from_file: Vec<&'static str>,
+    /// The config file's keys whose values are used: refusals of them name the file and line.
+    from_file: FromFile,
 }
 
 impl Settings {
@@ -305,29 +316,11 @@ impl Settings {
             None => (FileConfig::default(), String::new()),
         };
         let cfg_path = args.config.clone().unwrap_or_default();
-        let from_file = [
-            ("fanout", args.fanout.is_none() && file.fanout.is_some()),
-            (
-                "gossip-interval",
-                args.gossip_interval.is_none() && file.gossip_interval.is_some(),
-            ),
-            ("lease-ttl", args.lease_ttl.is_none() && file.lease_ttl.is_some()),
-            (
-                "lease-per-member",
-                args.lease_per_member.is_none() && file.lease_per_member.is_some(),
-            ),
-            (
-                "max-clock-skew",
-                args.max_clock_skew.is_none() && file.max_clock_skew.is_some(),
-            ),
-            ("join", args.join.is_empty() && file.join.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(key, used)| used.then_some(key))
-        .collect();
+        let from_file = FromFile::new(&cfg_path, text, &keys_used(&args, &file));
+        let text = from_file.text();
         let duration = |flag: Option<Duration>, key: &str, value: Option<String>| match flag {
             Some(d) => Ok(Some(d)),
-            None => file_duration(&cfg_path, &text, key, value),
+            None => file_duration(&cfg_path, text, key, value),
         };
         Ok(Self {
             listen: args
@@ -360,7 +353,7 @@ impl Settings {
             guard: match (args.crash_guard, file.crash_guard) {
                 (Some(g), _) => g,
                 (None, Some(value)) => parse_guard(&value).map_err(|e| {
-                    let line = key_line(&text, "crash-guard").unwrap_or(0);
+                    let line = key_line(text, "crash-guard").unwrap_or(0);
                     Fail::usage(format!(
                         "config file {}, line {line}: crash-guard: {e}",
                         cfg_path.display()
@@ -387,8 +380,8 @@ impl Settings {
             dns: dns_config(
                 args.dns_domain.or(file.dns_domain),
                 duration(args.dns_ttl, "dns-ttl", file.dns_ttl)?,
-            )?,
-            config: args.config.map(|p| (p, text)),
+            )
+            .map_err(|(key, f)| from_file.name(key, f))?,
             from_file,
         })
     }
@@ -405,7 +398,10 @@ impl Settings {
             return Ok(None);
         };
         let tokens = match &self.http_token_file {
-            Some(p) => Some(crate::http::Tokens::load(p).map_err(Fail::usage)?),
+            Some(p) => Some(
+                crate::http::Tokens::load(p)
+                    .map_err(|e| self.from_file.name("http-token-file", Fail::usage(e)))?,
+            ),
             None if self.http_require_token => {
                 return Err(Fail::usage(
                     "--http-require-token needs --http-token-file FILE (the tokens to require)",
@@ -425,14 +421,15 @@ impl Settings {
             ),
             None => None,
         };
-        let listener = crate::http::bind(addr).await?;
+        let named = |f| self.from_file.name("http-listen", f);
+        let listener = crate::http::bind(addr).await.map_err(named)?;
         let local = listener
             .local_addr()
             .map_err(|e| Fail::failed(format!("the HTTP listener has no address: {e}")))?;
         if tokens.is_none() && tls.is_none() && !local.ip().is_loopback() {
-            return Err(Fail::usage(format!(
+            return Err(named(Fail::usage(format!(
                 "--http-listen {addr} is beyond loopback: give --http-token-file FILE (or the TLS flags, for client certificates) so clients there can authenticate, or listen on 127.0.0.1"
-            )));
+            ))));
         }
         let access = crate::http::Access {
             tokens,
@@ -455,7 +452,8 @@ impl Settings {
             b = b.advertise(a.clone());
         }
         if let Some(p) = &self.secret_file {
-            b = b.cluster_secret(read_secret(p)?);
+            let secret = read_secret(p).map_err(|f| self.from_file.name("cluster-secret-file", f))?;
+            b = b.cluster_secret(secret);
         }
         if let Some(n) = &self.node_name {
             b = b.node_name(n.clone());
@@ -528,20 +526,12 @@ impl Settings {
     /// Why the node did not start, as the agent's one-line error with what to check; a
     /// setting taken from the config file is named by its file and line.
     fn start_failed(&self, e: roster::Error) -> Fail {
-        match (e, &self.config) {
-            (roster::Error::Setting { name, message }, Some((path, text))) => {
-                let key = name.replace('_', "-");
-                match self.from_file.iter().find(|k| **k == key) {
-                    Some(k) => Fail::usage(format!(
-                        "config file {}, line {}: {message}",
-                        path.display(),
-                        key_line(text, k).unwrap_or(0)
-                    )),
-                    None => Fail::usage(message),
-                }
-            }
-            (e, _) => start_failed(e),
-        }
+        let key = match &e {
+            roster::Error::Setting { name, .. } => name.replace('_', "-"),
+            roster::Error::Listen { .. } => "listen".to_string(),
+            _ => String::new(),
+        };
+        self.from_file.name(&key, start_failed(e))
     }
 }
 

@@ -162,6 +162,22 @@ pub enum Request {
         /// Why, shown with the instance; `None`: put them back in service.
         reason: Option<String>,
     },
+    /// Writes a live member dead for every replica (`roster force-leave`): its
+    /// registrations leave every read at once. Refused for a node that answers (this agent,
+    /// or one connected to it). Answered with [`ServerMessage::ForcedLeave`].
+    ForceLeave {
+        /// Its name, or its id (16 hex digits).
+        node: String,
+    },
+    /// Removes an instance whatever node owns it (`roster deregister --any-owner`): an
+    /// operator's exception to the owner check of [`Request::Deregister`], logged and
+    /// counted by the agent. Answered with [`ServerMessage::Deregistered`].
+    RemoveAsOperator {
+        /// The service.
+        service: String,
+        /// The instance id.
+        instance: String,
+    },
 }
 
 /// What a watcher shows of an instance, in 8 bytes: the first 8 bytes of SHA-256 over
@@ -309,6 +325,9 @@ pub struct CountersView {
     /// Times this node found itself written dead and renewed its lease.
     #[serde(default)]
     pub deaths_refuted: u64,
+    /// Instances of other nodes an operator removed through this agent.
+    #[serde(default)]
+    pub operator_removals: u64,
 }
 
 /// This agent.
@@ -470,6 +489,11 @@ pub enum ServerMessage {
         /// The instances.
         changed: Vec<String>,
     },
+    /// A member was written dead (the answer to [`Request::ForceLeave`]).
+    ForcedLeave {
+        /// Its id.
+        node: String,
+    },
 }
 
 impl ServerMessage {
@@ -492,6 +516,7 @@ impl ServerMessage {
             Self::Left => "left",
             Self::Passed => "passed",
             Self::Maintenance { .. } => "maintenance",
+            Self::ForcedLeave { .. } => "forced leave",
         }
     }
 }

@@ -31,8 +31,10 @@ pub const DEFAULT_SUCCESSES: u32 = 1;
 /// What a check probes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Probe {
-    /// `GET` the URL (`http://` only): a 2xx answer passes, 429 warns, anything else (a
-    /// redirect too, or nothing within the timeout) fails.
+    /// `GET` the URL (`http://`, or `https://` on a node with TLS files, the service's
+    /// certificate checked against the node's CA): a 2xx answer passes, 429 warns, anything
+    /// else (a redirect too, a certificate the CA did not sign, or nothing within the
+    /// timeout) fails.
     Http(String),
     /// Connect to `host:port`: a connection within the timeout passes.
     Tcp(String),
@@ -160,8 +162,14 @@ impl Check {
         self.validate_probe(exec_allowed)?;
         let interval = Duration::from_millis(self.interval_ms);
         if !(MIN_CHECK_INTERVAL..=MAX_CHECK_INTERVAL).contains(&interval) {
+            // A TTL check's interval is its ttl, the one time it was given.
+            let what = if self.probe == Probe::Ttl {
+                "a ttl check's ttl"
+            } else {
+                "a check interval"
+            };
             return Err(format!(
-                "a check interval of {} is out of range; use 1s to 24h",
+                "{what} of {} is out of range; use 1s to 24h",
                 humantime::format_duration(interval)
             ));
         }
@@ -213,21 +221,29 @@ impl Check {
     }
 }
 
-/// Splits the URL of an HTTP check into its host, port and path.
+/// Whether an HTTP check's URL is `https://`.
+pub fn is_https(url: &str) -> bool {
+    url.starts_with("https://")
+}
+
+/// Splits the URL of an HTTP check (`http://` or `https://`) into its host, port and path.
 ///
 /// # Errors
 /// One line saying what a URL must look like.
 pub fn split_http_url(url: &str) -> Result<(String, u16, String), String> {
     let bad = || {
         format!(
-            "{:?} is not an http URL; give one like http://127.0.0.1:8080/health",
+            "{:?} is not an http URL; give one like http://127.0.0.1:8080/health (or https://)",
             shown(url)
         )
     };
     if url.len() > MAX_TARGET_LEN {
         return Err(format!("a check URL is longer than {MAX_TARGET_LEN} bytes"));
     }
-    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+    let (rest, default_port) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, 443),
+        None => (url.strip_prefix("http://").ok_or_else(bad)?, 80),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -237,7 +253,7 @@ pub fn split_http_url(url: &str) -> Result<(String, u16, String), String> {
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, p.parse::<u16>().map_err(|_| bad())?),
-        _ => (authority, 80),
+        _ => (authority, default_port),
     };
     roster_registry::Endpoint::new(host, port).map_err(|_| bad())?;
     let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
@@ -341,6 +357,20 @@ mod tests {
     }
 
     #[test]
+    fn a_ttl_check_out_of_range_is_told_by_its_ttl_and_another_by_its_interval() {
+        let e = Check::ttl(Duration::from_millis(500)).validate(false);
+        assert_eq!(
+            e,
+            Err("a ttl check's ttl of 500ms is out of range; use 1s to 24h".to_string())
+        );
+        let tcp = Check::new(Probe::Tcp("127.0.0.1:1".into())).every(Duration::from_millis(500));
+        assert_eq!(
+            tcp.validate(false),
+            Err("a check interval of 500ms is out of range; use 1s to 24h".to_string())
+        );
+    }
+
+    #[test]
     fn one_lost_probe_does_not_flap_and_enough_in_a_row_do() {
         let c = check(3, 2);
         let mut t = Tally::new(Health::Passing);
@@ -383,7 +413,8 @@ mod tests {
         };
         for url in [
             "notaurl",
-            "https://a/",
+            "ftp://a/",
+            "https://",
             "http://",
             "http://a b/",
             "http://u@h/",
@@ -428,6 +459,10 @@ mod tests {
         assert_eq!(
             split_http_url("http://[::1]:81/h?x=1").unwrap(),
             ("::1".to_string(), 81, "/h?x=1".to_string())
+        );
+        assert_eq!(
+            split_http_url("https://db.local/h").unwrap(),
+            ("db.local".to_string(), 443, "/h".to_string())
         );
         assert_eq!(
             split_http_url("http://db.local").unwrap(),

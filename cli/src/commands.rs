@@ -13,9 +13,16 @@ use crate::{bulk_file, output, ClientArgs, Fail};
 /// What `--agent`, `--cluster-secret-file` and the TLS flags ask for, checked and loaded.
 pub(crate) fn settings(c: &ClientArgs) -> Result<(Option<Secret>, Option<ClientTls>), Fail> {
     if !(c.agent.starts_with("ws://") || c.agent.starts_with("wss://")) {
+        let http = c.agent.starts_with("http://") || c.agent.starts_with("https://");
         return Err(Fail::usage(format!(
-            "--agent {:?} is not ws://host:port or wss://host:port",
-            c.agent
+            "--agent {:?} is not ws://host:port or wss://host:port{}; pass --agent ws://HOST:PORT \
+             with the agent's --listen address (port 7420 by default)",
+            c.agent,
+            if http {
+                " (an http:// URL is the agent's HTTP API, which the CLI does not use)"
+            } else {
+                ""
+            }
         )));
     }
     let tls = match (&c.tls_ca, &c.tls_cert, &c.tls_key) {
@@ -65,6 +72,23 @@ pub(crate) fn from_client(e: ClientError) -> Fail {
         | ClientError::Busy { .. } => Fail::unreachable(e.to_string()),
         ClientError::Protocol { .. } => Fail::failed(e.to_string()),
     }
+}
+
+/// [`refused`], and when the agent found no such instance, `hint`: the command that lists
+/// them (the agent's message names none, as it reaches HTTP clients too).
+fn refused_listing(msg: ServerMessage, hint: impl FnOnce() -> String) -> Fail {
+    let not_found = matches!(
+        &msg,
+        ServerMessage::Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }
+    );
+    let mut fail = refused(msg);
+    if not_found {
+        fail.message = format!("{}; {}", fail.message, hint());
+    }
+    fail
 }
 
 /// Maps an agent's error answer to a failure; anything else is unexpected.
@@ -185,18 +209,28 @@ pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Resul
     Ok(())
 }
 
-pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+/// `roster deregister`; with `any_owner`, an operator's removal whatever node owns it.
+pub async fn deregister(
+    c: &ClientArgs,
+    service: String,
+    instance: String,
+    any_owner: bool,
+) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
-    match ask(
-        c,
+    let (s, i) = (service.clone(), instance.clone());
+    let req = if any_owner {
+        Request::RemoveAsOperator {
+            service: s,
+            instance: i,
+        }
+    } else {
         Request::Deregister {
-            service: service.clone(),
-            instance: instance.clone(),
-        },
-    )
-    .await?
-    {
+            service: s,
+            instance: i,
+        }
+    };
+    match ask(c, req).await? {
         ServerMessage::Deregistered => {
             if c.json {
                 output::json(
@@ -207,7 +241,9 @@ pub async fn deregister(c: &ClientArgs, service: String, instance: String) -> Re
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service}` lists them")
+        })),
     }
 }
 
@@ -248,37 +284,37 @@ pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail>
             if c.json {
                 output::json(&list.iter().map(output::instance_json).collect::<Vec<_>>());
             } else {
-                let rows = list
-                    .iter()
-                    .map(|i| {
-                        vec![
-                            i.instance.clone(),
-                            i.address.clone(),
-                            i.status.clone(),
-                            i.node.clone(),
-                            output::rfc3339(i.registered_at_ms),
-                            output::meta_line(&i.meta),
-                            i.note.clone(),
-                        ]
-                    })
-                    .collect();
-                output::table(
-                    &[
-                        "INSTANCE",
-                        "ADDRESS",
-                        "STATUS",
-                        "NODE",
-                        "REGISTERED",
-                        "META",
-                        "NOTE",
-                    ],
-                    rows,
-                );
+                output::instances(&list);
             }
             Ok(())
         }
         other => Err(refused(other)),
     }
+}
+
+/// `roster get SERVICE INSTANCE`: one live instance, whatever its status.
+pub async fn get_one(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
+    check_service(&service)?;
+    ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let all = Request::Instances {
+        service: service.clone(),
+        all: true,
+    };
+    let list = match ask(c, all).await? {
+        ServerMessage::Instances(list) => list,
+        other => return Err(refused(other)),
+    };
+    let Some(i) = list.into_iter().find(|i| i.instance == instance) else {
+        return Err(Fail::failed(format!(
+            "no live instance {instance:?} of {service:?}; `roster get {service} --all` lists the live ones"
+        )));
+    };
+    if c.json {
+        output::json(&output::instance_json(&i));
+    } else {
+        output::instances(std::slice::from_ref(&i));
+    }
+    Ok(())
 }
 
 /// Why `get` shows nothing: no live instance at all, or none served (asked again with
@@ -334,6 +370,7 @@ pub async fn maint(
         return Err(Fail::usage("--reason goes with `maint enable`"));
     }
     let reason = enable.then(|| reason.unwrap_or_else(|| "maintenance".to_string()));
+    let service = instance.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
     match ask(c, Request::Maintenance { instance, reason }).await? {
         ServerMessage::Maintenance { changed } => {
             if c.json {
@@ -345,7 +382,9 @@ pub async fn maint(
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || {
+            format!("`roster get {service} --all` lists them with their nodes")
+        })),
     }
 }
 
@@ -392,6 +431,7 @@ pub async fn status(c: &ClientArgs) -> Result<(), Fail> {
 pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Result<(), Fail> {
     check_service(&service)?;
     ProviderId::new(&instance).map_err(|e| Fail::usage(e.to_string()))?;
+    let hint = format!("`roster get {service}` lists the live ones");
     match ask(c, Request::Explain { service, instance }).await? {
         ServerMessage::Explain(x) => {
             if c.json {
@@ -401,7 +441,7 @@ pub async fn explain(c: &ClientArgs, service: String, instance: String) -> Resul
             }
             Ok(())
         }
-        other => Err(refused(other)),
+        other => Err(refused_listing(other, || hint)),
     }
 }
 
@@ -428,6 +468,21 @@ pub async fn leave(c: &ClientArgs) -> Result<(), Fail> {
                 output::json(&serde_json::json!({ "left": true }));
             } else {
                 println!("the agent at {} is leaving the cluster and stopping", c.agent);
+            }
+            Ok(())
+        }
+        other => Err(refused(other)),
+    }
+}
+
+/// `roster force-leave NODE`.
+pub async fn force_leave(c: &ClientArgs, node: String) -> Result<(), Fail> {
+    match ask(c, Request::ForceLeave { node: node.clone() }).await? {
+        ServerMessage::ForcedLeave { node: id } => {
+            if c.json {
+                output::json(&serde_json::json!({ "node": id, "written_dead": true }));
+            } else {
+                println!("node {node} ({id}) written dead: its registrations are gone from every read");
             }
             Ok(())
         }

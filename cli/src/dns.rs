@@ -5,9 +5,15 @@
 //!   host is an IP address; SRV: one record per passing instance, its port and a target:
 //!   the host when it is a name, else `<hex of the IP>.addr.<domain>`, whose address goes
 //!   in the additional section (as Consul's DNS does).
+//! - `_<service>._tcp.service.<domain>` (RFC 2782): the same as `<service>.service.<domain>`.
+//! - `<value>.<key>.meta.<service>.service.<domain>`: the same, for the instances whose
+//!   metadata has `key` = `value` (compared without regard to ASCII case).
 //! - `<hex>.addr.<domain>` A or AAAA: that address.
-//! - A service with no live instance, or any other name in the domain: NXDOMAIN. A
-//!   service whose instances are all critical or in maintenance: no records (NOERROR).
+//! - `<domain>` SOA: the zone's; every negative answer carries it in its authority section
+//!   (RFC 2308), its minimum the `--dns-ttl`, so resolvers cache a miss no longer than a hit.
+//! - A service with no live instance (that matches), or any other name in the domain:
+//!   NXDOMAIN. A service whose instances are all critical or in maintenance: no records
+//!   (NOERROR).
 //! - A name outside the domain: REFUSED (this is not a recursive resolver).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -15,7 +21,7 @@ use std::time::Duration;
 
 use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::proto::op::{Header, MessageType, OpCode, ResponseCode};
-use hickory_server::proto::rr::rdata::{A, AAAA, SRV};
+use hickory_server::proto::rr::rdata::{A, AAAA, SOA, SRV};
 use hickory_server::proto::rr::{Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::ServerFuture;
@@ -125,6 +131,13 @@ struct Answer {
     additionals: Vec<Record>,
 }
 
+/// A metadata pair a name asks for: key, value (lowercase).
+type MetaFilter<'a> = Option<(&'a str, &'a str)>;
+
+/// The SOA's refresh, retry and expire (seconds): nothing transfers this zone, so they are
+/// only the usual values, not promises.
+const SOA_TIMES: (i32, i32, i32) = (3600, 600, 86400);
+
 impl Answer {
     fn code(code: ResponseCode) -> Self {
         Self {
@@ -148,9 +161,20 @@ impl RequestHandler for Dns {
                 Err(_) => Answer::code(ResponseCode::FormErr),
             }
         };
-        header.set_response_code(answer.code.unwrap_or(ResponseCode::NoError));
+        let code = answer.code.unwrap_or(ResponseCode::NoError);
+        header.set_response_code(code);
+        // A negative answer (no such name, or no records of the type) carries the SOA.
+        let negative =
+            code == ResponseCode::NXDomain || (code == ResponseCode::NoError && answer.answers.is_empty());
+        let soa: Vec<Record> = negative.then(|| self.soa()).into_iter().collect();
         let sent = response
-            .send_response(builder.build(header, answer.answers.iter(), &[], &[], answer.additionals.iter()))
+            .send_response(builder.build(
+                header,
+                answer.answers.iter(),
+                &[],
+                soa.iter(),
+                answer.additionals.iter(),
+            ))
             .await;
         sent.unwrap_or_else(|e| {
             tracing::debug!("a DNS answer was not sent: {e}");
@@ -175,7 +199,16 @@ impl Dns {
             .map(|l| String::from_utf8_lossy(l).into_owned())
             .collect();
         match labels.as_slice() {
-            [service, kind] if kind == "service" => self.service(name, service, qtype),
+            [] => self.apex(qtype),
+            [service, kind] if kind == "service" => self.service(name, service, None, qtype),
+            [service, proto, kind] if kind == "service" && proto == "_tcp" => match service.strip_prefix('_')
+            {
+                Some(service) => self.service(name, service, None, qtype),
+                None => Answer::code(ResponseCode::NXDomain),
+            },
+            [value, key, meta, service, kind] if meta == "meta" && kind == "service" => {
+                self.service(name, service, Some((key, value)), qtype)
+            }
             [hex, kind] if kind == "addr" => match decode_ip(hex) {
                 Some(ip) => self.addr(name, ip, qtype),
                 None => Answer::code(ResponseCode::NXDomain),
@@ -188,12 +221,35 @@ impl Dns {
         u32::try_from(self.config.ttl.as_secs()).unwrap_or(u32::MAX)
     }
 
-    fn service(&self, name: &Name, service: &str, qtype: RecordType) -> Answer {
+    /// The zone's SOA record.
+    fn soa(&self) -> Record {
+        let domain = &self.config.domain;
+        let at = |label: &str| {
+            Name::from_ascii(label)
+                .and_then(|n| n.append_domain(domain))
+                .unwrap_or_else(|_| domain.clone())
+        };
+        let (refresh, retry, expire) = SOA_TIMES;
+        let soa = SOA::new(at("ns"), at("hostmaster"), 1, refresh, retry, expire, self.ttl());
+        Record::from_rdata(domain.clone(), self.ttl(), RData::SOA(soa))
+    }
+
+    /// The zone's own name: its SOA; no other records.
+    fn apex(&self, qtype: RecordType) -> Answer {
+        let mut a = Answer::default();
+        if matches!(qtype, RecordType::SOA | RecordType::ANY) {
+            a.answers.push(self.soa());
+        }
+        a
+    }
+
+    fn service(&self, name: &Name, service: &str, meta: MetaFilter<'_>, qtype: RecordType) -> Answer {
         // One read: every live instance says whether the name exists; the passing ones answer.
-        let live = match roster::registry::ServiceName::new(service) {
+        let live: Vec<roster::Instance> = match roster::registry::ServiceName::new(service) {
             Ok(_) => self.node.lookup_all(service),
             Err(_) => Vec::new(),
         };
+        let live: Vec<roster::Instance> = live.into_iter().filter(|i| has_meta(i, meta)).collect();
         if live.is_empty() {
             return Answer::code(ResponseCode::NXDomain);
         }
@@ -258,6 +314,15 @@ impl Dns {
         }
         a
     }
+}
+
+/// Whether `i` has the metadata pair a name asks for (any, when it asks none).
+fn has_meta(i: &roster::Instance, meta: MetaFilter<'_>) -> bool {
+    meta.is_none_or(|(key, value)| {
+        i.meta
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.eq_ignore_ascii_case(value))
+    })
 }
 
 fn ip_rdata(ip: IpAddr) -> RData {

@@ -15,6 +15,7 @@ mod metrics;
 mod params;
 mod read;
 mod register;
+mod resume;
 mod sd;
 mod serve;
 mod watch;
@@ -110,7 +111,12 @@ fn router(app: App) -> Router {
             "/v1/services/{service}/instances",
             post(register::register_default),
         )
-        .route(instance, put(register::register).delete(register::deregister))
+        .route(
+            instance,
+            get(read::instance)
+                .put(register::register)
+                .delete(register::deregister),
+        )
         .route(&format!("{instance}/pass"), put(register::pass))
         .route(
             &format!("{instance}/maintenance"),

@@ -119,6 +119,10 @@ enum Command {
         service: String,
         /// The instance id.
         instance: String,
+        /// Remove it whatever node owns it (an operator's removal of a stranded instance;
+        /// logged and counted by the agent). A live owner writes it back.
+        #[arg(long)]
+        any_owner: bool,
     },
     /// List services and their live instance counts.
     Ls {
@@ -126,12 +130,15 @@ enum Command {
         client: ClientArgs,
     },
     /// Show the served (passing or warning) instances of a service (exit 1 when there is
-    /// none).
+    /// none), or one live instance whatever its status.
     Get {
         #[command(flatten)]
         client: ClientArgs,
         /// The service name.
         service: String,
+        /// One instance id: show it, whatever its status (exit 1 when it is not live).
+        #[arg(conflicts_with = "all")]
+        instance: Option<String>,
         /// Show every live instance, critical and in maintenance too.
         #[arg(long)]
         all: bool,
@@ -226,6 +233,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Write a node that is gone for good dead for every replica now: its registrations
+    /// leave every read at once, not when its lease ends. Refused for a node that answers.
+    ForceLeave {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The node's name or id (as `roster members` shows them).
+        node: String,
+    },
     /// Ask for an anti-entropy round now (at most once per the agent's --sync-min-interval).
     Sync {
         #[command(flatten)]
@@ -318,9 +333,21 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             client,
             service,
             instance,
-        } => commands::deregister(&client, service, instance).await,
+            any_owner,
+        } => commands::deregister(&client, service, instance, any_owner).await,
         Command::Ls { client } => commands::ls(&client).await,
-        Command::Get { client, service, all } => commands::get(&client, service, all).await,
+        Command::Get {
+            client,
+            service,
+            instance: Some(instance),
+            ..
+        } => commands::get_one(&client, service, instance).await,
+        Command::Get {
+            client,
+            service,
+            instance: None,
+            all,
+        } => commands::get(&client, service, all).await,
         Command::Watch {
             client,
             service,
@@ -347,6 +374,7 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             instance,
         } => commands::explain(&client, service, instance).await,
         Command::Sync { client } => commands::sync(&client).await,
+        Command::ForceLeave { client, node } => commands::force_leave(&client, node).await,
         Command::Leave { client } => commands::leave(&client).await,
         Command::Id { data_dir, json } => agent::identity(data_dir, json),
         Command::Completions { shell } => {

@@ -25,6 +25,7 @@ mod checks;
 #[cfg(test)]
 mod disk_tests;
 mod error;
+mod force;
 mod group;
 #[cfg(test)]
 mod group_tests;
@@ -143,6 +144,9 @@ pub(crate) struct Inner {
     pub(crate) client_auth_always: bool,
     /// Whether exec health checks run here.
     exec_checks: bool,
+    /// TLS for `https://` health checks: the node's CA as the only roots (`None`: a node
+    /// without TLS files, which refuses them).
+    check_tls: Option<roster_transport::driver::ClientTls>,
     /// The checks running, by instance key.
     checks: checks::Checks,
     /// The last manual sync, for a node without a data directory.
@@ -227,6 +231,13 @@ impl Node {
         }
         for c in &s.checks {
             c.validate(self.inner.exec_checks).map_err(Error::Invalid)?;
+            if matches!(&c.probe, crate::check::Probe::Http(url) if crate::check::is_https(url))
+                && self.inner.check_tls.is_none()
+            {
+                return Err(Error::Invalid(
+                    "an https check verifies the service's certificate against the agent's CA, and this agent has no TLS files; start it with --tls-cert, --tls-key and --tls-ca, or check over http://".to_string(),
+                ));
+            }
         }
         let status = if s.checks.is_empty() {
             Status::passing()
@@ -343,7 +354,7 @@ impl Node {
                 )));
             }
             return Err(Error::NotFound(format!(
-                "this node owns no instance {instance:?} of {service:?}; `roster get {service}` lists them"
+                "this node owns no instance {instance:?} of {service:?}"
             )));
         }
         if let Some(store) = self.inner.store() {

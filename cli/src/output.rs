@@ -132,6 +132,36 @@ pub fn instance_json(i: &InstanceView) -> serde_json::Value {
     })
 }
 
+/// Instances as `roster get` prints them: a table, a row each.
+pub fn instances(list: &[InstanceView]) {
+    let rows = list
+        .iter()
+        .map(|i| {
+            vec![
+                i.instance.clone(),
+                i.address.clone(),
+                i.status.clone(),
+                i.node.clone(),
+                rfc3339(i.registered_at_ms),
+                meta_line(&i.meta),
+                i.note.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "INSTANCE",
+            "ADDRESS",
+            "STATUS",
+            "NODE",
+            "REGISTERED",
+            "META",
+            "NOTE",
+        ],
+        rows,
+    );
+}
+
 /// `1.2s ago`.
 pub fn ago(ms: u64) -> String {
     if ms < 1_000 {

@@ -405,6 +405,16 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
             Ok(x) => ServerMessage::Explain(Box::new(x)),
             Err(e) => from_error(e),
         },
+        Request::RemoveAsOperator { service, instance } => {
+            match node.remove_as_operator(&service, &instance).await {
+                Ok(()) => ServerMessage::Deregistered,
+                Err(e) => from_error(e),
+            }
+        }
+        Request::ForceLeave { node: target } => match node.force_leave(&target).await {
+            Ok(node) => ServerMessage::ForcedLeave { node },
+            Err(e) => from_error(e),
+        },
         Request::Sync => match node.sync().await {
             Ok(asked) => ServerMessage::Synced { asked },
             Err(e) => from_error(e),

@@ -15,9 +15,14 @@ pub(crate) async fn watch(c: &ClientArgs, service: String, once: bool, all: bool
     let mut watch = RemoteWatch::new(&c.agent, secret, tls, &service, all);
     // Whether this outage's lines said how to start an agent already: once is enough.
     let mut hinted = false;
+    // One listener for the whole watch: a Ctrl-C that comes while a line is printed is
+    // not lost, as it was with a listener made anew for each event.
+    let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     loop {
+        // Biased: the listener is polled, so registered, before the first event is printed.
         let event = tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            biased;
+            _ = &mut ctrl_c => return Ok(()),
             e = watch.next() => e,
         };
         match event {

@@ -33,7 +33,10 @@ mod disk;
 /// DNS with dig.
 #[path = "agents/dns.rs"]
 mod dns;
-/// docs/reference/cli.md against the binary.
+/// The docs' console examples, run as written: the guides as one flow, the CLI reference.
+#[path = "agents/doc_examples/mod.rs"]
+mod doc_examples;
+/// docs/reference/cli.md's commands against the binary's.
 #[path = "agents/docs.rs"]
 mod docs;
 /// The exit codes of the reference, walked.
@@ -42,6 +45,9 @@ mod exit_codes;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
+/// The operator's tools: one instance, force-leave, operator removal.
+#[path = "agents/operator.rs"]
+mod operator;
 /// systemd readiness, completions, man pages, docs/ops/.
 #[path = "agents/packaging.rs"]
 mod packaging;

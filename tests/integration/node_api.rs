@@ -166,6 +166,17 @@ async fn bad_input_to_register_is_refused_and_changes_nothing() {
     assert!(matches!(
         Node::builder()
             .listen("127.0.0.1:0")
+            .advertise("nowhere")
+            .start()
+            .await,
+        Err(roster::Error::Setting {
+            name: "advertise",
+            ..
+        })
+    ));
+    assert!(matches!(
+        Node::builder()
+            .listen("127.0.0.1:0")
             .cluster_secret("short")
             .start()
             .await,

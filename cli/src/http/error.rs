@@ -49,6 +49,15 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
 
+    /// `self`, with `hint` (the request that lists what was not found) after the message of
+    /// a 404.
+    pub fn or_listed(mut self, hint: impl FnOnce() -> String) -> Self {
+        if self.status == StatusCode::NOT_FOUND {
+            self.message = format!("{}; {}", self.message, hint());
+        }
+        self
+    }
+
     /// 503: the agent cannot do it now.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "failed", message)

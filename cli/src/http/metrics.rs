@@ -234,6 +234,12 @@ impl Snapshot {
         )?;
         counter(
             e,
+            "roster_operator_removals",
+            "Instances of other nodes an operator removed through this agent.",
+            p.operator_removals,
+        )?;
+        counter(
+            e,
             "roster_instances_lapsed",
             "Instances reads stopped showing because their lease ended without a renewal.",
             p.instances_lapsed,

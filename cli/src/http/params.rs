@@ -169,6 +169,20 @@ fn statuses(v: &str) -> Result<BTreeSet<String>, ApiError> {
         .collect()
 }
 
+/// The query of a `DELETE` of an instance: `?any-owner` or nothing.
+pub fn any_owner(pairs: Vec<(String, String)>) -> Result<bool, ApiError> {
+    let mut any = false;
+    for (k, v) in pairs {
+        if k != "any-owner" {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {k:?}; this endpoint takes any-owner only"
+            )));
+        }
+        any = flag(&k, &v)?;
+    }
+    Ok(any)
+}
+
 /// `?flag`, `?flag=true` or `?flag=false`.
 fn flag(k: &str, v: &str) -> Result<bool, ApiError> {
     match v {

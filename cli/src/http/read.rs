@@ -1,18 +1,22 @@
 //! Reads: from the local replica (no network), shaped as the CLI's `--json` output.
 
 use axum::extract::State;
-use axum::http::{HeaderName, HeaderValue};
+use std::collections::BTreeMap;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::params::{self, Pairs, Params, ServiceQuery};
-use super::{watch, App};
+use super::{resume, watch, App};
 use crate::output;
 
 /// The header that carries a service's index (see [`index`]).
 pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-roster-index");
+/// The header with which a client resumes an event stream (see [`resume`]).
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// `GET /v1/services`: every live service and its instance count.
 pub async fn services(State(app): State<App>) -> Json<serde_json::Value> {
@@ -31,16 +35,37 @@ pub async fn service(
     State(app): State<App>,
     Params(name): Params<String>,
     Pairs(pairs): Pairs,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     params::service(&name)?;
     let q = ServiceQuery::parse(pairs)?;
     if q.watch {
-        return Ok(watch::events(app, name, q).into_response());
+        let resumed = match headers.get(LAST_EVENT_ID) {
+            Some(v) => resume::parse(v.to_str().unwrap_or_default())?,
+            None => BTreeMap::new(),
+        };
+        return Ok(watch::events(app, name, q, resumed).into_response());
     }
     if let Some(seen) = q.index {
         watch::until_changed(&app, &name, &q, seen).await;
     }
     Ok(answer(&select(&app.node, &name, &q)))
+}
+
+/// `GET /v1/services/{service}/instances/{instance}`: one live instance, whatever its
+/// status (as `?all` shows it); 404 when it is not live here.
+pub async fn instance(
+    State(app): State<App>,
+    Params((service, id)): Params<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    params::instance(&service, &id)?;
+    let found = app.node.lookup_all(&service).into_iter().find(|i| i.id == id);
+    match found {
+        Some(i) => Ok(Json(output::instance_json(&i.view()))),
+        None => Err(ApiError::not_found(format!(
+            "no live instance {id:?} of {service:?} here; GET /v1/services/{service}?all lists the live ones"
+        ))),
+    }
 }
 
 /// The instances of `service` a query shows, by id.
@@ -113,6 +138,8 @@ pub async fn explain(
     Params((service, instance)): Params<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     params::instance(&service, &instance)?;
-    let x = app.node.explain(&service, &instance).await?;
+    let x = app.node.explain(&service, &instance).await.map_err(|e| {
+        ApiError::from(e).or_listed(|| format!("GET /v1/services/{service} lists the live ones"))
+    })?;
     Ok(Json(serde_json::to_value(x).unwrap_or_default()))
 }

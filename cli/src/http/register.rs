@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::{self, Params};
+use super::params::{self, Pairs, Params};
 use super::App;
 use crate::bulk_file::RawCheck;
 
@@ -145,13 +145,21 @@ pub async fn register_default(
     Ok(Json(json!({ "service": name, "instance": id })))
 }
 
-/// `DELETE /v1/services/{service}/instances/{instance}`.
+/// `DELETE /v1/services/{service}/instances/{instance}`; `?any-owner`: an operator's
+/// removal, whatever node owns it.
 pub async fn deregister(
     State(app): State<App>,
     Params((name, id)): Params<(String, String)>,
+    Pairs(pairs): Pairs,
 ) -> Result<Json<Value>, ApiError> {
     params::instance(&name, &id)?;
-    app.node.deregister(&name, &id).await?;
+    if params::any_owner(pairs)? {
+        app.node.remove_as_operator(&name, &id).await?;
+    } else {
+        app.node.deregister(&name, &id).await.map_err(|e| {
+            ApiError::from(e).or_listed(|| format!("GET /v1/services/{name} lists its instances"))
+        })?;
+    }
     Ok(Json(
         json!({ "service": name, "instance": id, "deregistered": true }),
     ))
@@ -194,7 +202,11 @@ async fn maintenance(
     if let Some((s, i)) = target {
         params::instance(s, i)?;
     }
-    let changed = app.node.maintenance(target, reason).await?;
+    let changed = app.node.maintenance(target, reason).await.map_err(|e| {
+        let service = target.map_or("", |(s, _)| s);
+        ApiError::from(e)
+            .or_listed(|| format!("GET /v1/services/{service}?all lists its instances with their nodes"))
+    })?;
     Ok(Json(json!({ "changed": changed })))
 }
 

@@ -2,7 +2,7 @@
 //! (`?index=N&wait=30s`) that answers once the service's instances differ from what the
 //! client has, as Consul's blocking queries do.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use futures_util::{FutureExt, Stream};
 use tokio::time::Instant;
 
 use super::params::ServiceQuery;
-use super::read;
 use super::App;
+use super::{read, resume};
 use crate::output;
 
 /// How often an idle event stream sends a comment, so proxies and clients see it live.
@@ -57,25 +57,30 @@ fn rand_below(n: u64) -> u64 {
 
 /// `?watch`: an `up` event for each instance shown now, then `up`, `status` and `down` as
 /// they change, until the client leaves or the agent stops. The filters apply: an
-/// instance that stops matching them goes `down`.
+/// instance that stops matching them goes `down`. Each event's id says what the client
+/// shows after it; with `resumed` (from `Last-Event-ID`) the stream starts with what
+/// changed since, not with everything.
 pub fn events(
     app: App,
     service: String,
     q: ServiceQuery,
+    resumed: BTreeMap<String, u64>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let changes = if q.wide() {
-        app.node.watch_all(&service)
-    } else {
-        app.node.watch(&service)
-    };
-    let state = (changes, BTreeSet::<String>::new(), q, app.stop.clone());
+    let changes = app.node.watch_from(&service, &resumed, q.wide());
+    let state = (changes, resumed, q, app.stop.clone());
     let stream = futures_util::stream::unfold(state, |(mut changes, mut shown, q, stop)| async move {
         loop {
             let e = tokio::select! {
                 () = stop.cancelled() => return None,
                 e = changes.recv() => e?,
             };
-            if let Some(sse) = event(&mut shown, &q, e) {
+            if let Some((kind, data)) = event(&mut shown, &q, e) {
+                // The id before the data, so a client reading line by line has it.
+                let mut sse = SseEvent::default().event(kind);
+                if let Some(id) = resume::event_id(&shown) {
+                    sse = sse.id(id);
+                }
+                let sse = sse.data(data.to_string());
                 return Some((Ok(sse), (changes, shown, q, stop)));
             }
         }
@@ -83,29 +88,36 @@ pub fn events(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
 
-/// The server-sent event for a change, given the ids the client shows; `None` when it
-/// shows nothing new.
-fn event(shown: &mut BTreeSet<String>, q: &ServiceQuery, e: roster::Event) -> Option<SseEvent> {
-    let down = |service: &str, id: &str| {
-        SseEvent::default()
-            .event("down")
-            .data(serde_json::json!({ "service": service, "instance": id }).to_string())
+/// The kind and data of the server-sent event for a change, given what the client shows
+/// (instance id to fingerprint), which it updates; `None` when it shows nothing new.
+fn event(
+    shown: &mut BTreeMap<String, u64>,
+    q: &ServiceQuery,
+    e: roster::Event,
+) -> Option<(&'static str, serde_json::Value)> {
+    let down = |service: &str, id: &str, address: &str| {
+        let data = serde_json::json!({ "service": service, "instance": id, "address": address });
+        ("down", data)
     };
     match e {
         roster::Event::Up(i) | roster::Event::Status(i) if !q.admits(&i) => {
-            shown.remove(&i.id).then(|| down(&i.service, &i.id))
+            shown.remove(&i.id).map(|_| down(&i.service, &i.id, &i.address))
         }
-        roster::Event::Status(i) if shown.contains(&i.id) => Some(instance("status", &i)),
-        roster::Event::Up(i) | roster::Event::Status(i) => {
-            shown.insert(i.id.clone());
-            Some(instance("up", &i))
+        roster::Event::Status(i) if shown.contains_key(&i.id) => Some(instance(shown, "status", &i)),
+        roster::Event::Up(i) | roster::Event::Status(i) => Some(instance(shown, "up", &i)),
+        roster::Event::Down { service, id, address } => {
+            shown.remove(&id).map(|_| down(&service, &id, &address))
         }
-        roster::Event::Down { service, id, .. } => shown.remove(&id).then(|| down(&service, &id)),
     }
 }
 
-fn instance(kind: &str, i: &roster::Instance) -> SseEvent {
-    SseEvent::default()
-        .event(kind)
-        .data(output::instance_json(&i.view()).to_string())
+/// An `up` or `status` event for `i`, now shown.
+fn instance(
+    shown: &mut BTreeMap<String, u64>,
+    kind: &'static str,
+    i: &roster::Instance,
+) -> (&'static str, serde_json::Value) {
+    let view = i.view();
+    shown.insert(i.id.clone(), roster::api::fingerprint(&view));
+    (kind, output::instance_json(&view))
 }

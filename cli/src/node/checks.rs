@@ -22,6 +22,7 @@ use super::metrics::CheckLabels;
 use super::{Error, Node};
 use crate::check::{worst, Check, Outcome, Probe, Tally};
 use crate::store::OwnedRecord;
+use roster_transport::driver::ClientTls;
 
 /// The checks of one instance, running.
 #[derive(Debug)]
@@ -69,6 +70,7 @@ impl Node {
                 tx: tx.clone(),
                 cancel: cancel.clone(),
                 results: self.inner.metrics.checks.clone(),
+                tls: self.inner.check_tls.clone(),
             };
             match check.probe {
                 Probe::Ttl => self.inner.tasks.spawn(feed.ttl(passes.subscribe())),
@@ -129,6 +131,8 @@ struct Feed {
     cancel: CancellationToken,
     /// Results counted for `/metrics`.
     results: Family<CheckLabels, Counter>,
+    /// TLS for an `https://` check.
+    tls: Option<ClientTls>,
 }
 
 impl Feed {
@@ -154,7 +158,7 @@ impl Feed {
             let started = Instant::now();
             let (outcome, note) = tokio::select! {
                 () = self.cancel.cancelled() => return,
-                r = probe(&self.check.probe, timeout) => r,
+                r = probe(&self.check.probe, timeout, self.tls.as_ref()) => r,
             };
             if !self.report(outcome, note).await {
                 return;
@@ -194,7 +198,7 @@ impl Feed {
 }
 
 /// The outcome of one probe, with a note saying why.
-async fn probe(p: &Probe, timeout: Duration) -> (Outcome, String) {
+async fn probe(p: &Probe, timeout: Duration, tls: Option<&ClientTls>) -> (Outcome, String) {
     let run = async {
         match p {
             Probe::Tcp(addr) => match tokio::net::TcpStream::connect(addr.as_str()).await {
@@ -202,7 +206,7 @@ async fn probe(p: &Probe, timeout: Duration) -> (Outcome, String) {
                 Err(e) => (Outcome::Fail, format!("tcp {addr}: {e}")),
             },
             Probe::Exec(argv) => exec(argv).await,
-            Probe::Http(url) => http(url).await,
+            Probe::Http(url) => http(url, tls).await,
             Probe::Ttl => (Outcome::Fail, "a ttl check is not probed".to_string()),
         }
     };
@@ -221,7 +225,7 @@ async fn probe(p: &Probe, timeout: Duration) -> (Outcome, String) {
 
 /// `GET`s the URL over one HTTP/1.1 connection: 2xx passes, 429 warns, anything else
 /// fails (redirects are not followed: point the check at the answering URL).
-async fn http(url: &str) -> (Outcome, String) {
+async fn http(url: &str, tls: Option<&ClientTls>) -> (Outcome, String) {
     let fail = |why: String| (Outcome::Fail, format!("http {url}: {why}"));
     let (host, port, path) = match crate::check::split_http_url(url) {
         Ok(parts) => parts,
@@ -231,7 +235,29 @@ async fn http(url: &str) -> (Outcome, String) {
         Ok(s) => s,
         Err(e) => return fail(e.to_string()),
     };
-    let io = hyper_util::rt::TokioIo::new(stream);
+    if !crate::check::is_https(url) {
+        return get(hyper_util::rt::TokioIo::new(stream), &host, port, &path, fail).await;
+    }
+    let Some(tls) = tls else {
+        return fail("this node has no TLS files to check the certificate with".to_string());
+    };
+    match tls.connect(stream, &host).await {
+        Ok(s) => get(hyper_util::rt::TokioIo::new(s), &host, port, &path, fail).await,
+        Err(e) => fail(format!("TLS: {e}")),
+    }
+}
+
+/// The `GET` of an HTTP check over an open connection (plain or TLS).
+async fn get<IO>(
+    io: IO,
+    host: &str,
+    port: u16,
+    path: &str,
+    fail: impl Fn(String) -> (Outcome, String),
+) -> (Outcome, String)
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(io).await {
         Ok(pair) => pair,
         Err(e) => return fail(e.to_string()),

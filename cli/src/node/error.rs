@@ -21,7 +21,7 @@ pub enum Error {
     #[error("{message}")]
     Setting {
         /// The builder method that set it: `fanout`, `gossip_interval`, `lease_ttl`,
-        /// `lease_per_member`, `max_clock_skew` or `join`.
+        /// `lease_per_member`, `max_clock_skew`, `join` or `advertise`.
         name: &'static str,
         /// What is wrong, and what to use.
         message: String,
@@ -33,7 +33,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}; pick another --listen address or stop what uses it")]
+    #[error("cannot listen on {addr}: {source}; {}", listen_hint(source))]
     Listen {
         /// The address.
         addr: String,
@@ -49,6 +49,9 @@ pub enum Error {
     /// Nothing by that name.
     #[error("{0}")]
     NotFound(String),
+    /// A force-leave of a node that answers: this node, or one connected to it.
+    #[error("{0}")]
+    Answers(String),
     /// The instance id is registered by another live node.
     #[error("{0}")]
     OwnedElsewhere(String),
@@ -69,6 +72,16 @@ pub enum Error {
     },
 }
 
+/// What to do about a listen address that could not be bound: one that does not parse is
+/// not "in use".
+fn listen_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::InvalidInput {
+        "give --listen as HOST:PORT, e.g. 127.0.0.1:7420"
+    } else {
+        "pick another --listen address or stop what uses it"
+    }
+}
+
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)
@@ -82,5 +95,28 @@ impl From<DriverError> for Error {
             DriverError::Invalid(e) => Error::Invalid(e.to_string()),
             e @ DriverError::InvalidItem { .. } => Error::Invalid(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_address_that_does_not_parse_is_not_called_in_use() {
+        let listen = |kind, why| Error::Listen {
+            addr: "nowhere".into(),
+            source: std::io::Error::new(kind, why),
+        };
+        let bad = listen(std::io::ErrorKind::InvalidInput, "invalid socket address").to_string();
+        assert_eq!(
+            bad,
+            "cannot listen on nowhere: invalid socket address; give --listen as HOST:PORT, e.g. 127.0.0.1:7420"
+        );
+        let busy = listen(std::io::ErrorKind::AddrInUse, "Address already in use").to_string();
+        assert!(
+            busy.ends_with("pick another --listen address or stop what uses it"),
+            "{busy}"
+        );
     }
 }

@@ -30,9 +30,7 @@ impl Node {
             match instance {
                 Some((service, id)) => {
                     let rec = owned.get(&format!("{service}/{id}")).ok_or_else(|| {
-                        Error::NotFound(format!(
-                            "this node owns no instance {id:?} of {service:?}; `roster get {service} --all` lists them with their nodes"
-                        ))
+                        Error::NotFound(format!("this node owns no instance {id:?} of {service:?}"))
                     })?;
                     vec![rec.clone()]
                 }

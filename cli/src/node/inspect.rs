@@ -125,6 +125,7 @@ impl Node {
                 overwrites_repaired: c.protocol.overwrites_repaired,
                 deaths_written: c.protocol.deaths_written,
                 deaths_refuted: c.protocol.deaths_refuted,
+                operator_removals: c.protocol.operator_removals,
             },
         })
     }
@@ -136,11 +137,7 @@ impl Node {
     /// [`Error::NotFound`] when the replica holds nothing under that name;
     /// [`Error::Stopped`].
     pub async fn explain(&self, service: &str, instance: &str) -> Result<ExplainView, Error> {
-        let not_found = || {
-            Error::NotFound(format!(
-                "no registration {instance:?} of {service:?} here; `roster get {service}` lists the live ones"
-            ))
-        };
+        let not_found = || Error::NotFound(format!("no registration {instance:?} of {service:?} here"));
         let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
             return Err(not_found());
         };

@@ -29,8 +29,8 @@ impl Node {
     /// As [`Node::watch`] (or [`Node::watch_all`]), for a watcher that already shows
     /// `shown` (instance id to the [`crate::api::fingerprint`] of what it shows): first an
     /// `Up` for each instance new or changed since, and a `Down` for each one gone, then
-    /// every change.
-    pub(crate) fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>, all: bool) -> Watch {
+    /// every change. `all`: as [`Node::watch_all`].
+    pub fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>, all: bool) -> Watch {
         let rx = self.inner.handle.subscribe();
         let name = ServiceName::new(service).ok();
         let mut known = BTreeMap::new();

@@ -194,7 +194,8 @@ fn bad_checks_are_refused_clearly_and_register_nothing() {
     let a = Agent::start(&root.path().join("a"), "a", &[]);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--check-http", "notaurl"], "is not an http URL"),
-        (vec!["--check-http", "https://127.0.0.1/"], "is not an http URL"),
+        (vec!["--check-http", "ftp://127.0.0.1/"], "is not an http URL"),
+        (vec!["--check-http", "https://127.0.0.1/"], "has no TLS files"),
         (
             vec!["--check-tcp", "127.0.0.1:1", "--check-interval", "500ms"],
             "use 1s to 24h",

@@ -205,6 +205,28 @@ fn a_client_that_cannot_reach_its_agent_exits_3_and_says_how_to_start_one() {
     assert!(text(&out.stderr).contains(&url));
 }
 
+/// `--agent` of another scheme (the HTTP API's `http://`, a bare address) says which
+/// address to give instead; nothing is sent.
+#[test]
+fn an_agent_url_that_is_not_ws_says_to_give_the_agents_listen_address() {
+    for (url, http) in [
+        ("http://127.0.0.1:7421", true),
+        ("https://127.0.0.1:7421", true),
+        ("127.0.0.1:7420", false),
+    ] {
+        let out = roster(&["ls", "--agent", url]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.ends_with(
+                "pass --agent ws://HOST:PORT with the agent's --listen address (port 7420 by default)"
+            ),
+            "{err}"
+        );
+        assert_eq!(err.contains("the agent's HTTP API"), http, "{err}");
+    }
+}
+
 #[test]
 fn the_config_file_and_variables_set_the_agents_flags_and_flags_win() {
     let root = tempfile::tempdir().unwrap();
@@ -476,4 +498,114 @@ fn registering_an_instance_another_live_node_owns_is_refused_naming_the_owner() 
     within(Duration::from_secs(10), "a to see b's w1", || {
         a.json(&["get", "web"])[0]["address"] == "127.0.0.2:80"
     });
+}
+
+#[test]
+fn a_watch_ends_on_ctrl_c_even_right_after_it_printed_a_line() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let out = a.roster(&["register", "web", "127.0.0.1:8080", "--id", "web-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A Ctrl-C that came while the watch was between two events used to be lost, and the
+    // watch ran on.
+    for _ in 0..20 {
+        let mut w = Watcher::start(&a, "web");
+        w.next(Duration::from_secs(5)).expect("the watch lists web-1");
+        let pid = w.child.id().to_string();
+        Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        let mut status = None;
+        within(Duration::from_secs(5), "the watch ends on SIGINT", || {
+            status = w.child.try_wait().unwrap();
+            status.is_some()
+        });
+        let status = status.unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "Ctrl-C ends a watch with exit 0, not {status}"
+        );
+    }
+}
+
+/// Every value the agent takes from its config file and refuses (out of range, malformed,
+/// an address in use, a file that cannot be read) is named by the file and its line, with
+/// the code it has when a flag gives it; a flag's value is not blamed on the file.
+#[test]
+fn a_refused_value_from_the_config_file_is_named_by_the_file_and_its_line() {
+    let root = tempfile::tempdir().unwrap();
+    // A port in use for the whole test.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = format!("\"{}\"", busy.local_addr().unwrap());
+    let cfg = root.path().join("roster.toml");
+    let mut runs = 0;
+    // The file: a comment, the keys an agent needs, then `key = value` on its last line.
+    let mut start = |key: &str, value: &str, flags: &[&str]| {
+        runs += 1;
+        let data = root.path().join(format!("data-{runs}"));
+        let base = [
+            ("listen", "\"127.0.0.1:0\"".to_string()),
+            ("http-listen", "\"127.0.0.1:0\"".to_string()),
+            ("data-dir", format!("\"{}\"", data.display())),
+        ];
+        let mut lines = vec!["# the agent's settings".to_string()];
+        lines.extend(
+            base.iter()
+                .filter(|(k, _)| *k != key)
+                .map(|(k, v)| format!("{k} = {v}")),
+        );
+        lines.push(format!("{key} = {value}"));
+        std::fs::write(&cfg, lines.join("\n") + "\n").unwrap();
+        let out = Command::new(BIN)
+            .args(["agent", "--config", &path_str(&cfg)])
+            .args(flags)
+            .env_remove("ROSTER_HTTP_LISTEN")
+            .env_remove("ROSTER_LISTEN")
+            .env_remove("ROSTER_DATA_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stderr), lines.len())
+    };
+    let cases: Vec<(&str, &str, i32, &str)> = vec![
+        ("dns-ttl", "\"2h\"", 2, "DNS TTL 2h is over 1h"),
+        ("dns-domain", "\"bad domain\"", 2, "DNS domain \"bad domain\""),
+        ("advertise", "\"nowhere\"", 2, "advertise URL \"nowhere\""),
+        ("listen", "\"nowhere\"", 2, "cannot listen on nowhere"),
+        ("listen", &busy, 1, "cannot listen on 127.0.0.1:"),
+        (
+            "http-listen",
+            "\"nowhere\"",
+            2,
+            "cannot listen for HTTP on nowhere",
+        ),
+        ("http-listen", &busy, 1, "cannot listen for HTTP on 127.0.0.1:"),
+        ("dns-listen", "\"nowhere\"", 2, "cannot listen for DNS on nowhere"),
+        (
+            "http-token-file",
+            "\"/nonexistent/tokens\"",
+            2,
+            "/nonexistent/tokens",
+        ),
+        (
+            "cluster-secret-file",
+            "\"/nonexistent/secret\"",
+            2,
+            "/nonexistent/secret",
+        ),
+    ];
+    for (key, value, code, said) in cases {
+        let (got, err, line) = start(key, value, &[]);
+        assert_eq!(got, Some(code), "{key} = {value}: {err}");
+        let named = format!("roster: error: config file {}, line {line}: ", cfg.display());
+        assert!(err.starts_with(&named), "{key} = {value}: {err}");
+        assert!(err.contains(said), "{key} = {value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // The same value from a flag: the flag is where to look, not the file.
+    let (got, err, _) = start("node-name", "\"a\"", &["--dns-ttl", "2h"]);
+    assert_eq!(got, Some(2), "{err}");
+    assert_eq!(
+        err,
+        "roster: error: DNS TTL 2h is over 1h; use at most 1h (answers older than that mislead)"
+    );
 }

@@ -22,6 +22,11 @@ fn dns_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, u16) {
 
 /// `dig` at an agent: the answer section's records (`+short`), and the status.
 fn dig(port: u16, name: &str, kind: &str, extra: &[&str]) -> (Vec<String>, String) {
+    dig_section(port, name, kind, extra, "ANSWER")
+}
+
+/// As [`dig`], the records of another section (`AUTHORITY`, `ADDITIONAL`).
+fn dig_section(port: u16, name: &str, kind: &str, extra: &[&str], section: &str) -> (Vec<String>, String) {
     let out = Command::new("dig")
         .args([
             "@127.0.0.1",
@@ -45,7 +50,7 @@ fn dig(port: u16, name: &str, kind: &str, extra: &[&str]) -> (Vec<String>, Strin
     let mut answers = Vec::new();
     let mut in_answer = false;
     for l in text.lines() {
-        if l.starts_with(";; ANSWER SECTION") {
+        if l.starts_with(&format!(";; {section} SECTION")) {
             in_answer = true;
         } else if l.is_empty() || l.starts_with(";;") {
             in_answer = false;
@@ -187,4 +192,60 @@ fn the_agent_refuses_dns_settings_it_cannot_honour_in_one_line() {
         assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(says) && err.lines().count() == 1, "{args:?}: {err}");
     }
+}
+
+#[test]
+fn rfc_2782_names_metadata_names_and_an_soa_in_every_negative_answer() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, port) = dns_agent(&root.path().join("a"), "a", &["--dns-ttl", "5s"]);
+    for (id, addr, zone) in [
+        ("web-1", "10.0.0.7:8080", "eu-1"),
+        ("web-2", "10.0.0.8:8080", "EU-2"),
+    ] {
+        let meta = format!("zone={zone}");
+        assert!(a
+            .roster(&["register", "web", addr, "--id", id, "--meta", &meta])
+            .status
+            .success());
+    }
+    eventually("both SRV records", || {
+        dig(port, "web.service.roster", "SRV", &[]).0.len() == 2
+    });
+    let (mut srv, status) = dig(port, "_web._tcp.service.roster", "SRV", &[]);
+    srv.sort();
+    assert_eq!(status, "NOERROR");
+    assert_eq!(
+        srv,
+        [
+            "_web._tcp.service.roster. 5 IN SRV 1 1 8080 0a000007.addr.roster.",
+            "_web._tcp.service.roster. 5 IN SRV 1 1 8080 0a000008.addr.roster.",
+        ]
+    );
+    assert_eq!(
+        dig(port, "eu-1.zone.meta.web.service.roster", "A", &[]).0,
+        ["eu-1.zone.meta.web.service.roster. 5 IN A 10.0.0.7"]
+    );
+    assert_eq!(
+        dig(port, "eu-2.zone.meta.web.service.roster", "A", &[]).0,
+        ["eu-2.zone.meta.web.service.roster. 5 IN A 10.0.0.8"],
+        "values compare without regard to case"
+    );
+    let soa = "roster. 5 IN SOA ns.roster. hostmaster.roster. 1 3600 600 86400 5";
+    for (name, kind, code) in [
+        ("eu-3.zone.meta.web.service.roster", "A", "NXDOMAIN"),
+        ("nope.service.roster", "A", "NXDOMAIN"),
+        ("web._udp.service.roster", "SRV", "NXDOMAIN"),
+        ("web.service.roster", "AAAA", "NOERROR"),
+    ] {
+        let (authority, status) = dig_section(port, name, kind, &[], "AUTHORITY");
+        assert_eq!(status, code, "{name} {kind}");
+        assert_eq!(authority, [soa], "{name} {kind}: the SOA of the zone");
+    }
+    assert_eq!(dig(port, "roster", "SOA", &[]).0, [soa]);
+    assert!(
+        dig_section(port, "web.service.roster", "A", &[], "AUTHORITY")
+            .0
+            .is_empty(),
+        "a positive answer has no SOA"
+    );
 }

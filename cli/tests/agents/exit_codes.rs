@@ -28,7 +28,9 @@ fn free_port() -> u16 {
 #[test]
 fn every_code_of_the_reference_table_is_what_its_cases_exit_with() {
     let root = tempfile::tempdir().unwrap();
-    let a = Agent::start(&root.path().join("a"), "a", &[]);
+    let a = Agent::start(&root.path().join("a"), "a", &["--http-listen", "127.0.0.1:0"]);
+    // The agent's HTTP API, asked as if it were its client port.
+    let http_port = super::http::http_url(&a).replace("http://", "ws://");
     // A port in use, held for the whole test: binding it fails.
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = busy.local_addr().unwrap().to_string();
@@ -56,10 +58,20 @@ fn every_code_of_the_reference_table_is_what_its_cases_exit_with() {
             client(&["get", "web", "--agent", &a.url]),
             1,
         ),
+        (
+            "deregister of an instance the agent does not own",
+            client(&["deregister", "web", "web-9", "--agent", &a.url]),
+            1,
+        ),
         ("agent: --listen in use", agent(&["--listen", &busy]), 1),
         (
             "agent: --http-listen in use",
             agent(&["--listen", "127.0.0.1:0", "--http-listen", &busy]),
+            1,
+        ),
+        (
+            "agent: --dns-listen in use",
+            agent(&["--listen", "127.0.0.1:0", "--dns-listen", &busy]),
             1,
         ),
         ("a command-line error", client(&["get"]), 2),
@@ -81,6 +93,11 @@ fn every_code_of_the_reference_table_is_what_its_cases_exit_with() {
         (
             "nothing listens at --agent",
             client(&["ls", "--agent", &unreachable]),
+            3,
+        ),
+        (
+            "--agent is the port of an agent's HTTP API",
+            client(&["ls", "--agent", &http_port]),
             3,
         ),
     ];

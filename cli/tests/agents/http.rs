@@ -1,5 +1,5 @@
-//! The HTTP API with real clients: curl for every endpoint, the reference's examples and
-//! its Python client run as written, watches, bad input and tokens.
+//! The HTTP API with real clients: curl for every endpoint, watches, bad input and tokens.
+//! (The reference's examples and its Python client run in `doc_examples`.)
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -16,7 +16,7 @@ fn http_agent(dir: &Path, name: &str, extra: &[&str]) -> (Agent, String) {
 }
 
 /// The base URL the agent printed at its start.
-fn http_url(agent: &Agent) -> String {
+pub(super) fn http_url(agent: &Agent) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let line = agent
@@ -30,19 +30,19 @@ fn http_url(agent: &Agent) -> String {
 }
 
 /// An HTTP answer: its status, headers (lowercase names) and body.
-struct Reply {
-    code: u16,
+pub(super) struct Reply {
+    pub(super) code: u16,
     headers: String,
-    body: String,
+    pub(super) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The error's kind, asserting the status and that the body is one error object.
-    fn error(&self, code: u16) -> String {
+    pub(super) fn error(&self, code: u16) -> String {
         assert_eq!(self.code, code, "{}", self.body);
         let v = self.json();
         let message = v["error"]["message"].as_str().unwrap();
@@ -59,7 +59,7 @@ impl Reply {
 }
 
 /// `curl` with `args`; any status is an answer.
-fn curl(args: &[&str]) -> Reply {
+pub(super) fn curl(args: &[&str]) -> Reply {
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "30", "-D", "-", "-w", "\n%{http_code}"])
         .args(args)
@@ -106,66 +106,6 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within 15 s: {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The code blocks of `lang` in a Markdown file, in order.
-fn blocks(markdown: &str, lang: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match (&mut current, line.strip_prefix("```")) {
-            (None, Some(l)) if l.trim() == lang => current = Some(String::new()),
-            (Some(b), Some(_)) => {
-                out.push(std::mem::take(b));
-                current = None;
-            }
-            (Some(b), None) => {
-                b.push_str(line);
-                b.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    out
-}
-
-#[test]
-fn the_http_reference_runs_as_written_against_a_real_agent() {
-    let root = tempfile::tempdir().unwrap();
-    let (_a, url) = http_agent(&root.path().join("a"), "a", &[]);
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/http.md")).unwrap();
-    let sh = blocks(&doc, "sh");
-    assert!(sh.len() >= 5, "the reference's sh examples: {sh:?}");
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &sh.join("\n")])
-        .env("ROSTER_HTTP", &url)
-        .output()
-        .unwrap();
-    let printed = text(&out.stdout);
-    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
-    for shown in [
-        "\"instance\":\"web-1\"",
-        "\"zone\":\"eu-1\"",
-        "event: up",
-        "\"changed\":[\"web/web-1\"]",
-    ] {
-        assert!(printed.contains(shown), "{shown} in:\n{printed}");
-    }
-    let py = blocks(&doc, "python");
-    assert_eq!(py.len(), 1);
-    let out = Command::new("python3")
-        .args(["-c", &py[0]])
-        .env("ROSTER_HTTP", &url)
-        .output()
-        .expect("python3 runs (.ci/run installs it)");
-    let printed = text(&out.stdout);
-    assert!(out.status.success(), "{printed}\n{}", text(&out.stderr));
-    assert!(
-        printed.contains("[('billing-1', '10.0.0.9:9000', 'passing')]"),
-        "{printed}"
-    );
-    assert!(printed.contains("refused: 400 invalid:"), "{printed}");
 }
 
 #[test]
@@ -244,8 +184,14 @@ struct Stream {
 
 impl Stream {
     fn open(url: &str) -> Stream {
+        Self::open_with(url, &[])
+    }
+
+    /// As [`Stream::open`], with more curl arguments (a header).
+    fn open_with(url: &str, args: &[&str]) -> Stream {
         let mut child = Command::new("curl")
             .args(["-sN", url])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -257,7 +203,13 @@ impl Stream {
 
     /// The next event (`event:` and `data:`), skipping comments, within 15 s.
     fn next(&self) -> (String, Value) {
-        let mut kind = None;
+        let (kind, data, _) = self.next_with_id();
+        (kind, data)
+    }
+
+    /// The next event and its `id:`, if it has one.
+    fn next_with_id(&self) -> (String, Value, Option<String>) {
+        let (mut kind, mut id) = (None, None);
         loop {
             let line = self
                 .lines
@@ -265,8 +217,10 @@ impl Stream {
                 .expect("an event within 15 s");
             if let Some(k) = line.strip_prefix("event: ") {
                 kind = Some(k.to_string());
+            } else if let Some(i) = line.strip_prefix("id: ") {
+                id = Some(i.to_string());
             } else if let Some(d) = line.strip_prefix("data: ") {
-                return (kind.take().unwrap(), serde_json::from_str(d).unwrap());
+                return (kind.take().unwrap(), serde_json::from_str(d).unwrap(), id);
             }
         }
     }
@@ -308,7 +262,10 @@ fn an_http_watch_streams_changes_and_a_blocking_query_answers_when_they_happen()
     );
     let (kind, data) = watch.next();
     assert_eq!(kind, "down");
-    assert_eq!(data, serde_json::json!({"service": "web", "instance": "web-3"}));
+    assert_eq!(
+        data,
+        serde_json::json!({"service": "web", "instance": "web-3", "address": "10.0.0.9:8080"})
+    );
     curl(&["-X", "DELETE", &inst("web-1")]);
     let (kind, data) = watch.next();
     assert_eq!(
@@ -681,4 +638,126 @@ fn a_garbage_request_gets_the_json_error_body() {
         assert_eq!(v["error"]["kind"], "invalid", "{body}");
     }
     assert_eq!(curl(&[&format!("{h}/v1/status")]).code, 200);
+}
+
+/// A 404 about an instance says which request lists the service's instances, and names no
+/// `roster` command (an HTTP client may have none); the CLI's errors still name the command.
+#[test]
+fn an_instance_not_found_points_http_clients_at_a_request_and_the_cli_at_a_command() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let inst = format!("{h}/v1/services/web/instances/nope");
+    for (r, listing) in [
+        (
+            curl(&["-X", "DELETE", &inst]),
+            "; GET /v1/services/web lists its instances",
+        ),
+        (
+            curl(&["-X", "PUT", &format!("{inst}/maintenance")]),
+            "; GET /v1/services/web?all lists its instances with their nodes",
+        ),
+        (
+            curl(&[&format!("{h}/v1/explain/web/nope")]),
+            "; GET /v1/services/web lists the live ones",
+        ),
+    ] {
+        assert_eq!(r.error(404), "not_found");
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.ends_with(listing), "{message}");
+        assert!(
+            !message.contains("roster "),
+            "a CLI command in an HTTP error: {message}"
+        );
+    }
+    for (args, listing) in [
+        (
+            &["deregister", "web", "nope"][..],
+            "; `roster get web` lists them",
+        ),
+        (
+            &["maint", "enable", "web", "nope"],
+            "; `roster get web --all` lists them with their nodes",
+        ),
+        (
+            &["explain", "web", "nope"],
+            "; `roster get web` lists the live ones",
+        ),
+    ] {
+        let out = a.roster(args);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.trim_end().ends_with(listing), "{args:?}: {err}");
+        assert_eq!(err.matches("lists").count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn one_instance_is_read_alone_whatever_its_status_and_a_missing_one_is_404() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let web1 = format!("{h}/v1/services/web/instances/web-1");
+    put(&web1, r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#);
+    put(&format!("{web1}/maintenance"), r#"{"reason": "deploying"}"#);
+    let r = curl(&[&web1]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    let one = r.json();
+    assert_eq!(
+        (&one["instance"], &one["status"], &one["meta"]["zone"]),
+        (
+            &Value::from("web-1"),
+            &Value::from("maintenance"),
+            &Value::from("eu-1")
+        ),
+        "{one}"
+    );
+    let r = curl(&[&format!("{h}/v1/services/web/instances/web-9")]);
+    assert_eq!(r.error(404), "not_found");
+    assert!(r.body.contains("?all"), "{}", r.body);
+    let r = curl(&[&format!("{h}/v1/services/web/instances/Web%209")]);
+    assert_eq!(r.error(400), "invalid");
+}
+
+#[test]
+fn an_http_watch_resumed_with_last_event_id_gets_what_changed_once_and_nothing_else() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    let inst = |id: &str| format!("{h}/v1/services/web/instances/{id}");
+    put(&inst("web-1"), r#"{"address": "10.0.0.7:8080"}"#);
+    put(&inst("web-2"), r#"{"address": "10.0.0.8:8080"}"#);
+    put(&inst("web-4"), r#"{"address": "10.0.0.10:8080"}"#);
+    let watch = Stream::open(&format!("{h}/v1/services/web?watch"));
+    let mut last = None;
+    for want in ["web-1", "web-2", "web-4"] {
+        let (kind, data, id) = watch.next_with_id();
+        assert_eq!((kind.as_str(), &data["instance"]), ("up", &Value::from(want)));
+        last = Some(id.expect("every event has an id"));
+    }
+    drop(watch);
+
+    // While the client is away: one goes, one changes, one comes; web-4 stays as it was.
+    curl(&["-X", "DELETE", &inst("web-1")]);
+    put(&inst("web-2"), r#"{"address": "10.0.0.18:8080"}"#);
+    put(&inst("web-3"), r#"{"address": "10.0.0.9:8080"}"#);
+    let header = format!("Last-Event-ID: {}", last.unwrap());
+    let watch = Stream::open_with(&format!("{h}/v1/services/web?watch"), &["-H", &header]);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (kind, data) = watch.next();
+        seen.push(format!("{kind} {}", data["instance"].as_str().unwrap()));
+    }
+    seen.sort();
+    assert_eq!(seen, ["down web-1", "up web-2", "up web-3"]);
+    // Nothing else came before the next change: no repeat of web-4. A live `down` says
+    // where the instance was.
+    curl(&["-X", "DELETE", &inst("web-3")]);
+    let (kind, data) = watch.next();
+    assert_eq!(kind, "down");
+    assert_eq!(
+        data,
+        serde_json::json!({"service": "web", "instance": "web-3", "address": "10.0.0.9:8080"})
+    );
+
+    let bad = curl(&["-H", "Last-Event-ID: 42", &format!("{h}/v1/services/web?watch")]);
+    assert_eq!(bad.error(400), "invalid");
+    assert!(bad.body.contains("reconnect without it"), "{}", bad.body);
 }

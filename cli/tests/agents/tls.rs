@@ -510,3 +510,67 @@ fn the_http_api_serves_https_with_the_agents_tls_files_and_a_client_certificate_
     );
     assert_eq!(https(&remote, &trust), Some(401), "and the agent still serves");
 }
+
+/// The port an agent serves its HTTP API on, from the line it printed.
+fn http_port(agent: &Agent) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = agent
+            .stdout
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap();
+        if let Some(rest) = line.strip_prefix("HTTP API on ") {
+            return rest.rsplit(':').next().unwrap().to_string();
+        }
+    }
+}
+
+#[test]
+fn an_https_check_passes_with_a_certificate_of_the_agents_ca_and_fails_without_tls() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(root.path(), "cluster");
+    let http = ["--http-listen", "127.0.0.1:0"];
+    let flags = ca.flags("a");
+    let a = Agent::start(&root.path().join("a"), "a", &[&strs(&flags)[..], &http].concat());
+    let tls_port = http_port(&a);
+    // The other end of each check: a's own HTTPS API (a certificate of the CA), and the
+    // plain HTTP API of an agent without TLS.
+    let plain = Agent::start(&root.path().join("p"), "p", &http);
+    let plain_port = http_port(&plain);
+    let ca_file = path_str(&ca.ca);
+    let with_ca = |args: &[&str]| a.roster(&[args, &["--tls-ca", &ca_file]].concat());
+    for (id, port) in [("web-1", &tls_port), ("web-2", &plain_port)] {
+        let url = format!("https://127.0.0.1:{port}/v1/status");
+        let out = with_ca(&[
+            "register",
+            "web",
+            "127.0.0.1:80",
+            "--id",
+            id,
+            "--check-http",
+            &url,
+            "--check-interval",
+            "1s",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let status = |id: &str| {
+        let out = with_ca(&["get", "web", id, "--json"]);
+        let i: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            i["status"].as_str().unwrap().to_string(),
+            i["note"].as_str().unwrap().to_string(),
+        )
+    };
+    within(Duration::from_secs(10), "web-1 passes over HTTPS", || {
+        status("web-1").0 == "passing"
+    });
+    // The check of a server that speaks no TLS does not pass.
+    assert_eq!(status("web-2").0, "critical", "{:?}", status("web-2"));
+
+    // An agent without TLS files refuses an https check, saying what to do.
+    let url = format!("https://127.0.0.1:{tls_port}/v1/status");
+    let out = plain.roster(&["register", "web", "127.0.0.1:80", "--check-http", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--tls-ca"), "{}", text(&out.stderr));
+}

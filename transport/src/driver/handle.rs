@@ -205,6 +205,35 @@ impl Handle {
         .await?
     }
 
+    /// Writes `node` dead for every replica now (an operator's force-leave); refused for
+    /// a node that answers. See [`proto::Node::force_dead`].
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn force_dead(&self, node: ReplicaId) -> Result<proto::ForcedDeath, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Command::ForceDead { node, reply }, answer).await?
+    }
+
+    /// Removes an instance whatever node owns it (an operator's removal). Returns whether
+    /// there was one. See [`proto::Node::remove_as_operator`].
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn remove_as_operator(
+        &self,
+        service: ServiceName,
+        provider: ProviderId,
+    ) -> Result<bool, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        let cmd = Command::RemoveAsOperator {
+            service,
+            provider,
+            reply,
+        };
+        self.ask(cmd, answer).await?
+    }
+
     /// Runs `f` on the node task with the protocol state machine and the wall time, and
     /// returns what it returns: for reads the replica snapshot does not answer (members,
     /// acknowledgements).

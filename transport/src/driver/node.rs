@@ -51,6 +51,17 @@ pub(super) enum Command {
         reply: oneshot::Sender<Result<bool, DriverError>>,
     },
     Inspect(Inspect),
+    /// An operator's force-leave of a node (see [`crate::proto::Node::force_dead`]).
+    ForceDead {
+        node: ReplicaId,
+        reply: oneshot::Sender<Result<crate::proto::ForcedDeath, DriverError>>,
+    },
+    /// An operator's removal of an instance whatever node owns it.
+    RemoveAsOperator {
+        service: ServiceName,
+        provider: ProviderId,
+        reply: oneshot::Sender<Result<bool, DriverError>>,
+    },
     /// Answered once what the node wrote so far was handed to every connected peer.
     Pushed(oneshot::Sender<()>),
     SyncNow(oneshot::Sender<bool>),
@@ -371,6 +382,30 @@ impl NodeTask {
                     Err(DriverError::Stopped)
                 } else {
                     Ok(self.node.deregister(&service, &provider, now))
+                };
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+            Command::ForceDead { node, reply } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    Ok(self.node.force_dead(node, now))
+                };
+                self.flush();
+                self.publish_replica();
+                let _ = reply.send(r);
+            }
+            Command::RemoveAsOperator {
+                service,
+                provider,
+                reply,
+            } => {
+                let r = if self.stopping {
+                    Err(DriverError::Stopped)
+                } else {
+                    Ok(self.node.remove_as_operator(&service, &provider, now))
                 };
                 self.flush();
                 self.publish_replica();

@@ -39,6 +39,7 @@ mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
 mod dispatch;
+mod force;
 mod guard;
 mod liveness;
 mod membership;
@@ -57,6 +58,7 @@ mod tree;
 mod tree_sync;
 mod types;
 
+pub use force::ForcedDeath;
 pub use guard::CrashGuard;
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
 pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};

@@ -144,4 +144,6 @@ pub struct Counters {
     pub changes_grafted: u64,
     /// Dials of a member with no link for one anti-entropy exchange.
     pub exchange_dials: u64,
+    /// Instances of other nodes removed by an operator here (see `force`).
+    pub operator_removals: u64,
 }

@@ -94,6 +94,11 @@ impl NodeBuilder {
             secret,
             client_auth_always: self.client_auth_always,
             exec_checks: self.exec_checks,
+            // The CA file was read and checked above (`tls.check()`).
+            check_tls: self
+                .tls
+                .as_ref()
+                .and_then(|t| driver::ClientTls::load(&t.ca_pem, None).ok()),
             checks: checks::Checks::default(),
             last_sync: std::sync::Mutex::new(None),
             pending_removals: std::sync::Mutex::new(std::collections::BTreeSet::new()),
@@ -157,16 +162,20 @@ impl NodeBuilder {
 
     fn check_advertise(&self, url: &str) -> Result<(), Error> {
         if self.tls.is_some() != url.starts_with("wss://") {
-            return Err(Error::Invalid(format!(
-                "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
-                if self.tls.is_some() { "with" } else { "without" },
-                if self.tls.is_some() { "wss://" } else { "ws://" }
-            )));
+            return Err(super::setting(
+                "advertise",
+                format!(
+                    "advertise URL {url:?}: a node {} TLS is dialed with {}; fix --advertise",
+                    if self.tls.is_some() { "with" } else { "without" },
+                    if self.tls.is_some() { "wss://" } else { "ws://" }
+                ),
+            ));
         }
         if !(url.starts_with("ws://") || url.starts_with("wss://")) || proto::url_endpoint(url).is_err() {
-            return Err(Error::Invalid(format!(
-                "advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"
-            )));
+            return Err(super::setting(
+                "advertise",
+                format!("advertise URL {url:?} is not ws://host:port or wss://host:port; fix --advertise"),
+            ));
         }
         Ok(())
     }
