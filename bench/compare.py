@@ -1003,6 +1003,34 @@ def measure_churn(system, net, preload, rate, seconds):
     return res
 
 
+# roster's member lease (transport/src/proto/config.rs and ownership.rs): the larger of
+# 60 s and 24 s per member (members rounded up to a power of two), renewed at a quarter to
+# a third of it.
+MEMBER_LEASE_S, LEASE_PER_MEMBER_S = 60, 24
+
+
+def renewal_period_s(n):
+    members = 1 << max(0, (n - 1).bit_length())
+    return max(MEMBER_LEASE_S, members * LEASE_PER_MEMBER_S) / 3
+
+
+def steady_window(n, args):
+    """When the steady idle window opens (seconds after the cluster's start) and how long
+    it lasts: by default after every node's first renewal, for a whole renewal period, so
+    the window holds what a quiet cluster sends, not its forming. Every system gets the
+    same window."""
+    period = renewal_period_s(n)
+    warmup = period + 10 if args.warmup == "auto" else float(args.warmup)
+    window = max(20.0, period) if args.idle == "auto" else float(args.idle)
+    return warmup, window
+
+
+def window_how(args):
+    sizes = ", ".join(f"{n} nodes: {w:.0f} s from {s:.0f} s after the start"
+                      for n in args.nodes for s, w in [steady_window(n, args)])
+    return f"the steady window ({sizes})"
+
+
 def run_system(cls, n, args, net):
     work = tempfile.mkdtemp(prefix=f"bench-compare.{cls.name}{n}.")
     os.chmod(work, 0o755)
@@ -1018,9 +1046,13 @@ def run_system(cls, n, args, net):
         time.sleep(args.settle)
         log(f"{cls.name} {n}: propagation, {args.trials} changes")
         result["prop_ms"] = measure_propagation(system, args.trials)
-        time.sleep(max(args.settle, args.warmup - (time.time() - t)))
-        log(f"{cls.name} {n}: idle for {args.idle} s")
-        result["idle"] = measure_idle(system, net, args.idle)
+        time.sleep(args.settle)
+        log(f"{cls.name} {n}: idle while forming, for {args.form_idle} s")
+        result["idle_form"] = measure_idle(system, net, args.form_idle)
+        warmup, window = steady_window(n, args)
+        time.sleep(max(args.settle, warmup - (time.time() - t)))
+        log(f"{cls.name} {n}: idle in steady state ({warmup:.0f} s after the start), for {window:.0f} s")
+        result["idle"] = measure_idle(system, net, window)
         restarts = []
         for r in range(args.restarts):
             node = system.nodes[-1 - (r % (n - 1))]
@@ -1056,8 +1088,8 @@ def run_system(cls, n, args, net):
             for d in list(system.drivers.values()):
                 d.kill()
             time.sleep(max(args.settle, 2))
-            log(f"{cls.name} {n}: idle again, with the registrations, for {args.idle} s")
-            result["idle_after"] = measure_idle(system, net, args.idle)
+            log(f"{cls.name} {n}: idle again, with the registrations, for {window:.0f} s")
+            result["idle_after"] = measure_idle(system, net, window)
         result["errors"] = system.errors[:5]
         if system.errors:
             log(f"{cls.name} {n}: {len(system.errors)} failed changes, first: {system.errors[0]}")
@@ -1128,6 +1160,9 @@ def figures(r):
     f["prop_first"] = med_max([x["first"] for x in r["prop_ms"]])
     f["prop_ack"] = med_max([x["ack"] for x in r["prop_ms"]])
     f["prop_lost"] = sum(1 for x in r["prop_ms"] if x["all"] is None)
+    form = r["idle_form"]
+    f["form_idle_kb"] = med_max([form[n]["bytes_min"] / 1000 for n in n_nodes])
+    f["form_idle_pkts"] = med_max([form[n]["pkts_min"] for n in n_nodes])
     idle = r["idle"]
     f["idle_kb"] = med_max([idle[n]["bytes_min"] / 1000 for n in n_nodes])
     f["idle_pkts"] = med_max([idle[n]["pkts_min"] for n in n_nodes])
@@ -1183,6 +1218,8 @@ ROWS = [
     ("change seen by every node (ms)", "prop", "", 2),
     ("change seen by the first other node (ms)", "prop_first", "", 2),
     ("change answered to its writer (ms)", "prop_ack", "", 2),
+    ("idle while forming (the first window after the start): bytes sent per node (kB/min)", "form_idle_kb", "", 1),
+    ("idle while forming: packets sent per node (/min)", "form_idle_pkts", "", 0),
     ("idle: bytes sent per node (kB/min)", "idle_kb", "", 1),
     ("idle: packets sent per node (/min)", "idle_pkts", "", 0),
     ("idle: CPU per node (ms/min)", "idle_cpu", "", 0),
@@ -1229,8 +1266,8 @@ def report(results, args, started, cmdline):
     p(f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
       f"{(time.time() - started) / 60:.1f} minutes; machine: {machine()}  ")
     p(f"Versions: {versions(args)}  ")
-    p(f"Settings: {args.trials} propagation trials; idle window {args.idle} s (scaled to a minute, "
-      f"opening at least {args.warmup:g} s after the start); "
+    p(f"Settings: {args.trials} propagation trials; idle while forming: {args.form_idle:g} s right after "
+      f"them; idle: {window_how(args)} (scaled to a minute); "
       f"{args.restarts} SIGKILL restarts per cluster ({args.restart_delay} s down, {args.restart_window} s "
       f"counted); death: {args.death_trials} SIGKILLed node(s) per cluster, each restarted once every "
       f"other node showed it gone (waiting at most {args.gone_timeout:g} s); silent link: "
@@ -1392,11 +1429,15 @@ def main():
     ap.add_argument("--nodes", default="3,10", help=f"cluster sizes (default 3,10; at most {MAX_NODES})")
     ap.add_argument("--systems", default="roster,serf,etcd")
     ap.add_argument("--trials", type=int, default=12, help="propagation trials (default 12)")
-    ap.add_argument("--idle", type=float, default=20, help="idle window in seconds (default 20)")
-    ap.add_argument("--warmup", type=float, default=0,
-                    help="seconds from the cluster's start before the idle window opens (default 0: "
-                         "right after the propagation trials; a node's first lease renewals come "
-                         "in its first minute)")
+    ap.add_argument("--idle", default="auto",
+                    help="steady idle window in seconds (default auto: one renewal period of "
+                         "roster's member lease at that size, at least 20 s)")
+    ap.add_argument("--warmup", default="auto",
+                    help="seconds from the cluster's start before the steady idle window opens "
+                         "(default auto: after every node's first lease renewal)")
+    ap.add_argument("--form-idle", type=float, default=20,
+                    help="idle window right after the propagation trials, while the cluster "
+                         "forms (default 20 s)")
     ap.add_argument("--restarts", type=int, default=1, help="SIGKILL restarts per cluster (default 1)")
     ap.add_argument("--restart-window", type=float, default=30, help="seconds counted after a restart")
     ap.add_argument("--restart-delay", type=float, default=1, help="seconds a killed node stays down")
@@ -1419,8 +1460,16 @@ def main():
     args.roster_bin = os.environ.get("ROSTER_BIN", "roster")
     args.roster_driver = os.environ.get("ROSTER_DRIVER", "bench_driver")
     if args.quick:
-        args.nodes, args.trials, args.idle, args.restarts = "3", 5, 10, 1
+        args.nodes, args.trials, args.idle, args.restarts = "3", 5, "10", 1
+        args.warmup, args.form_idle = "0", 5
         args.restart_window, args.churn, args.preload = 10, 5, 100
+    for name in ("idle", "warmup"):
+        v = getattr(args, name)
+        try:
+            if v != "auto" and float(v) < 0:
+                raise ValueError
+        except ValueError:
+            die(f"--{name} takes seconds (a number of at least 0) or auto, not {v!r}")
     try:
         args.nodes = [int(x) for x in args.nodes.split(",")]
     except ValueError:
