@@ -349,28 +349,17 @@ impl NodeTask {
                 meta,
                 reply,
             } => {
-                let r = if self.stopping {
-                    Err(DriverError::Stopped)
-                } else {
-                    self.node
-                        .register(service, provider, endpoint, meta, now)
+                let r = self.write(|n| {
+                    n.register(service, provider, endpoint, meta, now)
                         .map_err(DriverError::Invalid)
-                };
-                // Read-your-writes: the snapshot shows the write before the caller hears back.
-                self.flush();
-                self.publish_replica();
+                });
                 let _ = reply.send(r);
             }
             Command::RegisterMany { items, reply } => {
-                let r = if self.stopping {
-                    Err(DriverError::Stopped)
-                } else {
-                    self.node
-                        .register_many(items, now)
+                let r = self.write(|n| {
+                    n.register_many(items, now)
                         .map_err(|(index, source)| DriverError::InvalidItem { index, source })
-                };
-                self.flush();
-                self.publish_replica();
+                });
                 let _ = reply.send(r);
             }
             Command::Deregister {
@@ -378,23 +367,11 @@ impl NodeTask {
                 provider,
                 reply,
             } => {
-                let r = if self.stopping {
-                    Err(DriverError::Stopped)
-                } else {
-                    Ok(self.node.deregister(&service, &provider, now))
-                };
-                self.flush();
-                self.publish_replica();
+                let r = self.write(|n| Ok(n.deregister(&service, &provider, now)));
                 let _ = reply.send(r);
             }
             Command::ForceDead { node, reply } => {
-                let r = if self.stopping {
-                    Err(DriverError::Stopped)
-                } else {
-                    Ok(self.node.force_dead(node, now))
-                };
-                self.flush();
-                self.publish_replica();
+                let r = self.write(|n| Ok(n.force_dead(node, now)));
                 let _ = reply.send(r);
             }
             Command::RemoveAsOperator {
@@ -402,13 +379,7 @@ impl NodeTask {
                 provider,
                 reply,
             } => {
-                let r = if self.stopping {
-                    Err(DriverError::Stopped)
-                } else {
-                    Ok(self.node.remove_as_operator(&service, &provider, now))
-                };
-                self.flush();
-                self.publish_replica();
+                let r = self.write(|n| Ok(n.remove_as_operator(&service, &provider, now)));
                 let _ = reply.send(r);
             }
             Command::Inspect(Inspect(f)) => f(&self.node, now.wall_ms),
@@ -453,6 +424,18 @@ impl NodeTask {
     }
 
     /// Carries out every output the state machine has queued.
+    /// A write asked by a command: refused once stopping; then what it sent is flushed
+    /// and the snapshot published before the caller hears back (read-your-writes).
+    fn write<T>(&mut self, f: impl FnOnce(&mut Node) -> Result<T, DriverError>) -> Result<T, DriverError> {
+        let r = match self.stopping {
+            true => Err(DriverError::Stopped),
+            false => f(&mut self.node),
+        };
+        self.flush();
+        self.publish_replica();
+        r
+    }
+
     fn flush(&mut self) {
         // First: whoever sees an effect of these outputs (a connection closed for a
         // forgery, say) finds the counters that explain it already published.
