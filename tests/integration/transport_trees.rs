@@ -226,7 +226,19 @@ fn once_faults_stop_every_change_reaches_every_live_node_and_a_hole_in_a_tree_ou
 
 #[test]
 fn connections_dialed_for_an_exchange_carry_no_pushes_and_leave_no_hole_in_a_tree() {
-    let seed = sim_seed("exchange_holes");
+    exchanges_leave_no_hole(sim_seed("exchange_holes"));
+}
+
+/// A seed that failed in a clean-clone CI run (2026-12-02, and on fabb069 before that
+/// day's changes): two grafts on formed trees. Not yet understood (issue 26); run it with
+/// `cargo test -p roster-tests -- --ignored regression_exchange_holes`.
+#[test]
+#[ignore = "fails: two needless grafts with this seed, not yet understood (issue 26)"]
+fn regression_exchange_holes_seed_1796229525713423723() {
+    exchanges_leave_no_hole(1_796_229_525_713_423_723);
+}
+
+fn exchanges_leave_no_hole(seed: u64) {
     // An exchange every 2 s, dialing a member with no link every time: a push that came
     // first by such a connection, then closed, left a node off its root's tree.
     let cfg = Config {
