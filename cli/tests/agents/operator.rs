@@ -38,13 +38,7 @@ fn roster_get_with_an_instance_shows_that_one_whatever_its_status() {
 #[test]
 fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answers() {
     let root = tempfile::tempdir().unwrap();
-    let long = ["--lease-ttl", "60s"];
-    let a = Agent::start(&root.path().join("a"), "a", &long);
-    let b = Agent::start(
-        &root.path().join("b"),
-        "b",
-        &[&long[..], &["--join", &a.url]].concat(),
-    );
+    let (a, b) = two_agents(root.path());
     assert!(a
         .roster(&["register", "db", "127.0.0.1:5432", "--id", "db-1"])
         .status
@@ -71,7 +65,7 @@ fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answe
     std::thread::sleep(Duration::from_millis(500));
     drop(a.kill9());
     let (dir, port) = b.kill9();
-    let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &long);
+    let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &LONG);
     assert_eq!(
         b.instances("db").len(),
         1,
@@ -97,13 +91,7 @@ fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answe
 #[test]
 fn an_operator_removes_an_instance_of_another_node_logged_and_counted() {
     let root = tempfile::tempdir().unwrap();
-    let long = ["--lease-ttl", "60s"];
-    let a = Agent::start(&root.path().join("a"), "a", &long);
-    let b = Agent::start(
-        &root.path().join("b"),
-        "b",
-        &[&long[..], &["--join", &a.url]].concat(),
-    );
+    let (a, b) = two_agents(root.path());
     for id in ["web-1", "web-2"] {
         assert!(a
             .roster(&["register", "web", "127.0.0.1:80", "--id", id])
@@ -122,7 +110,7 @@ fn an_operator_removes_an_instance_of_another_node_logged_and_counted() {
         &dir,
         "b",
         &format!("127.0.0.1:{port}"),
-        &[&long[..], &http].concat(),
+        &[&LONG[..], &http].concat(),
     );
     let h = super::http::http_url(&b);
     assert_eq!(b.instances("web").len(), 2);
@@ -159,4 +147,14 @@ fn an_operator_removes_an_instance_of_another_node_logged_and_counted() {
             .count()
             == 2
     });
+}
+
+/// Leases long enough that nothing lapses while a test runs.
+const LONG: [&str; 2] = ["--lease-ttl", "60s"];
+
+/// Agents `a` and `b` under `root`, `b` joined to `a`, with `LONG` leases.
+fn two_agents(root: &std::path::Path) -> (Agent, Agent) {
+    let a = Agent::start(&root.join("a"), "a", &LONG);
+    let b = Agent::start(&root.join("b"), "b", &[&LONG[..], &["--join", &a.url]].concat());
+    (a, b)
 }
