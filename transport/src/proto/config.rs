@@ -109,8 +109,9 @@ pub struct Config {
     pub graft_retry_ms: u64,
     /// How much less a copy of a change, or an announcement of it, must have cost than
     /// the copy our parent brought for its link to become the parent (a copy) or be
-    /// grafted (an announcement: Plumtree's optimisation threshold). `u16::MAX` keeps
-    /// every node's first parent.
+    /// grafted (an announcement: Plumtree's optimisation threshold). At least 1 (0 counts
+    /// as 1: equal copies would move parents back and forth); `u16::MAX` keeps every
+    /// node's first parent.
     pub parent_saving: u16,
 }
 

@@ -143,7 +143,7 @@ impl Trees {
     /// be pruned instead of `peer`.
     pub(super) fn closer(&mut self, peer: ReplicaId, t: Tagged, saving: u16) -> Option<ReplicaId> {
         let p = self.parent.get_mut(&t.id.root)?;
-        if p.at != t.id.at || t.hops.saturating_add(saving) > p.hops || p.peer == peer {
+        if p.at != t.id.at || t.hops.saturating_add(saving.max(1)) > p.hops || p.peer == peer {
             return None;
         }
         let old = p.peer;
@@ -173,7 +173,7 @@ impl Trees {
             return false;
         };
         let nearer =
-            !p.sought && p.at == t.id.at && p.peer != peer && t.hops.saturating_add(saving) <= p.hops;
+            !p.sought && p.at == t.id.at && p.peer != peer && t.hops.saturating_add(saving.max(1)) <= p.hops;
         p.sought |= nearer;
         nearer
     }
@@ -390,6 +390,7 @@ mod tests {
         };
         t.arrived_from(a, at(10, 4));
         assert_eq!(t.closer(b, at(10, 4), 1), None, "as many links: the first stays");
+        assert_eq!(t.closer(b, at(10, 4), 0), None, "a saving of 0 counts as 1");
         assert_eq!(t.closer(b, at(9, 1), 1), None, "an older change says nothing");
         assert_eq!(
             t.closer(b, at(10, 3), 2),
