@@ -336,3 +336,45 @@ fn a_tree_takes_the_paths_of_least_cost_when_links_cost_more_than_one() {
         "the tree costs {on_tree}, the least is {at_least} (seed {seed})"
     );
 }
+
+/// Messages of `kind` sent so far, over all machines.
+fn sent(sim: &Sim, kind: &str) -> u64 {
+    sim.traffic_by_kind().get(kind).map_or(0, |k| k.0)
+}
+
+/// Links between running nodes.
+fn links(sim: &Sim) -> u64 {
+    let ends: usize = sim
+        .running()
+        .iter()
+        .map(|&i| sim.node(i).unwrap().connected().len())
+        .sum();
+    ends as u64 / 2
+}
+
+/// On a formed tree, a link off it carries about one announcement of a change, not one
+/// each way (a node that heard a change announced announces it back no more), and an
+/// announcement alone is not acknowledged: the acknowledgements are the pushes'. Before,
+/// both ends of each such link announced, and each announcement was acknowledged.
+#[test]
+fn a_link_off_a_tree_carries_about_one_announcement_of_a_change_and_no_acknowledgement_of_it() {
+    let seed = sim_seed("tree_announcements");
+    let mut sim = cluster(Dissemination::Tree, seed);
+    change(&mut sim, 5, "first", seed);
+    let off_tree = links(&sim) - (N as u64 - 1);
+    let before = sim.traffic_by_kind().clone();
+    change(&mut sim, 5, "second", seed);
+    let during = |kind: &str| sent(&sim, kind) - before.get(kind).map_or(0, |k| k.0);
+    let (ihaves, acks) = (during("ihave"), during("ack"));
+    // Lease renewals meanwhile are acknowledged too.
+    let pushes: u64 = ["delta", "push", "push-leases"].iter().map(|k| during(k)).sum();
+    println!("{off_tree} links off the tree: {ihaves} announcements, {pushes} pushes, {acks} acknowledgements (seed {seed})");
+    assert!(
+        ihaves <= off_tree + off_tree / 4,
+        "{ihaves} announcements on {off_tree} links off the tree (seed {seed})"
+    );
+    assert!(
+        acks <= pushes,
+        "{acks} acknowledgements for {pushes} pushes (seed {seed})"
+    );
+}

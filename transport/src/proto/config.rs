@@ -101,6 +101,10 @@ pub struct Config {
     /// after a quiet spell goes at once; only a hole in a tree under churn waits for it
     /// (Riak's plumtree announces once a second).
     pub announce_spacing_ms: u64,
+    /// The most a lone announcement after a quiet spell waits (a random part of it), so
+    /// that of the two ends of a link off a tree one most often hears the other's before
+    /// sending its own, and sends none; 0: at once.
+    pub announce_jitter_ms: u64,
     /// How long a change announced to us may take to arrive before we graft it from its
     /// announcer: about a round trip and a push's spacing.
     pub graft_timeout_ms: u64,
@@ -157,6 +161,9 @@ impl Default for Config {
             dissemination: Dissemination::Tree,
             // At 50 ms, 20 changes a second sent an announcement per change per lazy link.
             announce_spacing_ms: 500,
+            // Both ends of a link off a tree announced most changes to each other: their
+            // copies come within a few ms of each other.
+            announce_jitter_ms: 40,
             graft_timeout_ms: 80,
             graft_retry_ms: 40,
             // A parent moved for a copy one link shorter at every change, and each move
