@@ -271,7 +271,8 @@ pub struct MemberView {
     pub name: String,
     /// Its URL.
     pub address: String,
-    /// `alive`, `suspect` (its renewal is late) or `gone` (its lease ended).
+    /// `alive`, `suspect` (its renewal is late), `left` (it left the cluster) or `failed`
+    /// (it was written dead, or its lease ended).
     pub state: String,
     /// Milliseconds since it was last heard of.
     pub last_heard_ms: u64,

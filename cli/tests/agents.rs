@@ -45,6 +45,9 @@ mod exit_codes;
 /// The HTTP API with curl, Python and raw sockets.
 #[path = "agents/http.rs"]
 mod http;
+/// `roster members`: left apart from failed.
+#[path = "agents/members.rs"]
+mod members;
 /// The operator's tools: one instance, force-leave, operator removal.
 #[path = "agents/operator.rs"]
 mod operator;

@@ -63,6 +63,6 @@ pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Prove
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use status::{Health, Status, MAX_NOTE_LEN};
 pub use value::{
-    is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, MAX_HOST_LEN,
-    MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
+    is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, FAREWELL_KEPT_MS,
+    MAX_HOST_LEN, MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
 };

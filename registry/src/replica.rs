@@ -255,24 +255,45 @@ impl Replica {
         (!gap.is_empty()).then(|| self.apply_removal(gap, regs, [self.id].into(), now_ms))
     }
 
-    /// Removes this node's lease and every registration it wrote (a graceful exit).
-    /// `None` when it holds nothing.
-    pub fn deregister_all(&mut self, now_ms: u64) -> Option<Applied> {
-        self.remove_nodes([self.id].into(), false, now_ms)
+    /// Leaves the cluster (a graceful exit): removes every registration this node wrote and
+    /// its lease, and writes its farewell in their place ([`Lease::farewell`], issued
+    /// `now`), so every replica tells it left rather than failed. One delta; the
+    /// farewell's dot is the removal's own (see `apply_removal`). A renewal or a
+    /// registration later (the node back) replaces the farewell like any lease.
+    pub fn deregister_all(&mut self, now: Hlc) -> Applied {
+        let me: BTreeSet<ReplicaId> = [self.id].into();
+        let mut dots = self.state.lease_dots(self.id);
+        let mut regs = BTreeSet::new();
+        for (key, f) in &self.state.regs {
+            for d in f.dots().filter(|d| d.actor == self.id) {
+                dots.push(d.clone());
+                regs.insert(key.clone());
+            }
+        }
+        let farewell = self.mint();
+        dots.push(farewell.clone());
+        let mut delta = State::removal(dots, regs, me);
+        delta.insert_lease(self.id, farewell, Lease::farewell(now));
+        self.apply_own(delta, now.millis())
     }
 
     /// Writes `node` dead: removes the dots of its lease among `seen` (those its lease held
     /// when the caller began to suspect it), so its registrations disappear from every read
     /// and a later sweep collects them. A renewal the node wrote meanwhile has a dot not in
     /// `seen` and survives (add-wins), as does the node's own answer to this removal: a
-    /// live node written dead renews its lease and is back. `None` when none of `seen` is
-    /// still stored, or `node` is this replica.
+    /// live node written dead renews its lease and is back. A farewell
+    /// ([`Lease::farewell`]) is never removed: the node left, it did not fail. `None` when
+    /// none of `seen` is still stored as a lease, or `node` is this replica.
     pub fn write_dead(&mut self, node: ReplicaId, seen: &[Dot], now_ms: u64) -> Option<Applied> {
         if node == self.id {
             return None;
         }
         let stored = self.state.lease(node)?;
-        let dots: Vec<Dot> = seen.iter().filter(|d| stored.contains(d)).cloned().collect();
+        let dots: Vec<Dot> = seen
+            .iter()
+            .filter(|d| stored.get(d).is_some_and(|l| !l.is_farewell()))
+            .cloned()
+            .collect();
         (!dots.is_empty()).then(|| self.apply_removal(dots, BTreeSet::new(), [node].into(), now_ms))
     }
 
@@ -338,7 +359,8 @@ impl Replica {
     ///
     /// # Errors
     /// [`RetireError`] when `replica` is this replica, was never seen, or still has
-    /// entries stored here. Nothing is changed.
+    /// entries stored here (its farewell aside, which the retirement removes). Nothing is
+    /// changed.
     pub fn retire(&mut self, replica: ReplicaId, now: Hlc) -> Result<Applied, RetireError> {
         if replica == self.id {
             return Err(RetireError::Itself);
@@ -347,7 +369,12 @@ impl Replica {
         if counter == 0 {
             return Err(RetireError::Unknown(replica.to_string()));
         }
-        let dots = self.state.dots_of(replica);
+        // Its farewell (it left) is no entry to wait for: the retirement removes it.
+        let farewells = self
+            .state
+            .lease(replica)
+            .map_or(0, |f| f.iter().filter(|(_, l)| l.is_farewell()).count());
+        let dots = self.state.dots_of(replica) - farewells;
         if dots > 0 {
             return Err(RetireError::StillHolds {
                 replica: replica.to_string(),
@@ -370,7 +397,10 @@ impl Replica {
         self.state
             .leases
             .values()
-            .filter_map(|f| f.winner(|l| l.issued).map(|(_, l)| l.deadline_ms()))
+            .filter_map(|f| f.winner(|l| l.issued).map(|(_, l)| l))
+            // A farewell's end changes no read.
+            .filter(|l| !l.is_farewell())
+            .map(|l| l.deadline_ms())
             .filter(|&d| d > now_ms)
             .min()
     }

@@ -24,6 +24,9 @@ pub const MIN_LEASE_TTL_MS: u64 = 100;
 /// The longest lease a provider may take, in milliseconds (one day): no lease may
 /// outlive its provider for long.
 pub const MAX_LEASE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// How long a farewell ([`Lease::farewell`]) is kept after the node left, in milliseconds
+/// (one day, as long as `roster members` lists a node that is gone).
+pub const FAREWELL_KEPT_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// Where a service instance listens: a host name or IP address, and a port.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -270,10 +273,16 @@ impl fmt::Debug for Registration {
     }
 }
 
-/// A provider's lease: all of its registrations live while it does.
+/// A node's lease: all of its registrations live while it does.
 ///
 /// The deadline travels inside the value (`issued + ttl`) and every node judges it against
 /// its own clock, so a stale copy delivered late cannot restart a lease that has ended.
+///
+/// A lease of TTL 0 is a **farewell** ([`Lease::farewell`]): the node left the cluster at
+/// `issued`, by its own word. It is never live, and it is kept for
+/// [`FAREWELL_KEPT_MS`] after `issued` (then collected like a lease that ended), so every
+/// replica can tell a node that left from one that failed. Only the node itself writes its
+/// lease, so no other node can make it look as if it left.
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// When the lease was issued or last renewed.
@@ -283,6 +292,16 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A farewell: the last lease of a node that leaves the cluster at `issued`.
+    pub fn farewell(issued: Hlc) -> Self {
+        Self { issued, ttl_ms: 0 }
+    }
+
+    /// Whether this is a farewell (see [`Lease::farewell`]).
+    pub fn is_farewell(&self) -> bool {
+        self.ttl_ms == 0
+    }
+
     /// Makes a lease.
     ///
     /// # Errors
@@ -295,23 +314,35 @@ impl Lease {
         Ok(Self { issued, ttl_ms })
     }
 
-    /// The wall time (milliseconds since the epoch) at which the lease ends.
+    /// The wall time (milliseconds since the epoch) at which the lease ends; for a
+    /// farewell, the end of the time it is kept.
     pub fn deadline_ms(&self) -> u64 {
-        self.issued.millis().saturating_add(self.ttl_ms)
+        let ttl = if self.is_farewell() {
+            FAREWELL_KEPT_MS
+        } else {
+            self.ttl_ms
+        };
+        self.issued.millis().saturating_add(ttl)
     }
 
-    /// Whether the lease is still running at `now_ms`.
+    /// Whether the lease is still running at `now_ms` (a farewell never is).
     pub fn is_live(&self, now_ms: u64) -> bool {
-        now_ms < self.deadline_ms()
+        !self.is_farewell() && now_ms < self.deadline_ms()
     }
 
     pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        if self.is_farewell() {
+            return Ok(());
+        }
         Self::new(self.issued, self.ttl_ms).map(|_| ())
     }
 }
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_farewell() {
+            return write!(f, "farewell({:?})", self.issued);
+        }
         write!(f, "lease({:?}+{}ms)", self.issued, self.ttl_ms)
     }
 }

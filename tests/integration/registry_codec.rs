@@ -45,6 +45,28 @@ fn golden_vector_pins_the_encoding_of_a_registration_delta() {
 
 const GOLDEN_DELTA_HEX: &str = "030103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161000080d095ffbc31808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";
 
+/// The leave of the golden delta's node a second later: its registration and lease
+/// removed, its farewell (a lease of TTL 0: protocol version 6) written.
+fn golden_leave() -> State {
+    let mut r = Replica::new(ReplicaId(0x0102));
+    r.apply(golden_delta(), 1_700_000_000_000);
+    r.deregister_all(Hlc::new(1_700_000_001_000, 0)).delta
+}
+
+#[test]
+fn golden_vector_pins_the_encoding_of_a_leave() {
+    let bytes = codec::encode_state(&golden_leave());
+    assert_eq!(hex(&bytes), GOLDEN_LEAVE_HEX, "the encoding changed");
+    let decoded = codec::decode_state(&bytes).unwrap();
+    assert_eq!(decoded, golden_leave());
+    let mut peer = Replica::new(ReplicaId(7));
+    peer.apply(golden_delta(), 1_700_000_000_500);
+    peer.apply(decoded, 1_700_000_001_000);
+    assert!(peer.lease_of(ReplicaId(0x0102)).is_some_and(|l| l.is_farewell()));
+}
+
+const GOLDEN_LEAVE_HEX: &str = "0300018202018202038080a0dfd6fcf3c50100018202030000010103776562057765622d3100";
+
 /// The same delta in format 2, before registrations carried a status and the time they
 /// were first registered.
 const GOLDEN_DELTA_V2_HEX: &str = "020103776562057765622d31018202020831302e302e302e37903f020776657273696f6e03312e34047a6f6e650161808080c0d6fcf3c50182020101820201820201808080c0d6fcf3c501b0ea01018202020000010000";

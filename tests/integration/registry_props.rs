@@ -455,7 +455,7 @@ fn retiring_a_departed_node_bounds_the_context_and_drops_its_late_deltas() {
         }
     };
     sync(&mut nodes);
-    nodes[3].deregister_all(2_000).unwrap();
+    nodes[3].deregister_all(clock.tick(2_000));
     sync(&mut nodes);
     assert_eq!(nodes[0].context().vector_len(), 4);
     // Node 1 retires node 4; a node still holding node 4's entries is refused.

@@ -234,3 +234,51 @@ fn a_slow_lossy_live_node_written_dead_comes_back_within_a_refutation_by_itself(
         );
     }
 }
+
+#[test]
+fn a_node_that_left_reads_as_left_and_a_crashed_one_as_failed_on_every_node() {
+    use roster_registry::ReplicaId;
+    use roster_transport::proto::has_left;
+    let seed = sim_seed("left_or_failed_everywhere");
+    let mut sim = settled(10, seed);
+    let id = |sim: &Sim, i: usize| sim.node(i).unwrap().info().id;
+    let (leaver, crashed): (ReplicaId, ReplicaId) = (id(&sim, 2), id(&sim, 5));
+    sim.with_node(2, |n, now| n.shutdown(now)).unwrap();
+    sim.run_for(500);
+    sim.crash(2);
+    sim.crash(5);
+    sim.run_for(20_000);
+    for i in sim.running() {
+        let node = sim.node(i).unwrap();
+        let members: Vec<ReplicaId> = node.members(sim.now_ms()).iter().map(|m| m.0).collect();
+        assert!(
+            !members.contains(&leaver) && !members.contains(&crashed),
+            "machine {i} lists {members:?} (seed {seed})"
+        );
+        assert!(
+            has_left(node.replica(), leaver),
+            "machine {i}: 2 left (seed {seed})"
+        );
+        assert!(
+            !has_left(node.replica(), crashed),
+            "machine {i}: 5 failed (seed {seed})"
+        );
+    }
+    // Both back from their disks (the leaver's holds its farewell): members again.
+    sim.restart(2);
+    sim.restart(5);
+    sim.run_for(10_000);
+    for i in sim.running() {
+        let node = sim.node(i).unwrap();
+        let members: Vec<ReplicaId> = node.members(sim.now_ms()).iter().map(|m| m.0).collect();
+        for (m, x) in [(2, leaver), (5, crashed)] {
+            if x != node.info().id {
+                assert!(members.contains(&x), "machine {i} misses {m} (seed {seed})");
+            }
+            assert!(
+                !has_left(node.replica(), x),
+                "machine {i}: {m} is back (seed {seed})"
+            );
+        }
+    }
+}

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 /// The protocol version this build speaks (2: the listener proves the cluster secret only
 /// after the dialer has, in the handshake's welcome; 3: one lease per node, registry
 /// format 2; 4: registrations carry a status, registry format 3; 5: pushes on per-origin
-/// trees, with announcements, grafts and prunes).
-pub const PROTOCOL_VERSION: u16 = 5;
+/// trees, with announcements, grafts and prunes; 6: a lease of TTL 0 is a node's farewell,
+/// which version 5 refuses to decode).
+pub const PROTOCOL_VERSION: u16 = 6;
 /// The most entries (registrations plus leases) one delta may carry.
 pub const MAX_DELTA_ENTRIES: usize = 65_536;
 /// The most entries one full (elided) state may carry.

@@ -22,7 +22,7 @@ use super::App;
 struct Snapshot {
     counters: NodeCounters,
     peers: (u64, u64),
-    members: [(&'static str, u64); 3],
+    members: [(&'static str, u64); 4],
     services: u64,
     instances: [(&'static str, u64); 4],
     launches_recent: u64,
@@ -73,7 +73,8 @@ async fn snapshot(node: &roster::Node) -> Result<Snapshot, ApiError> {
         members: [
             ("alive", count(roster::MemberState::Alive)),
             ("suspect", count(roster::MemberState::Suspect)),
-            ("gone", count(roster::MemberState::Gone)),
+            ("left", count(roster::MemberState::Left)),
+            ("failed", count(roster::MemberState::Failed)),
         ],
         services: status.services,
         instances: by_status,

@@ -11,7 +11,8 @@ use crate::api::{CountersView, ExplainView, PeerView, StatusView, WriteView};
 
 impl Node {
     /// The nodes of the cluster: live members (alive, or suspect when their renewal is
-    /// late) and nodes lost lately (gone).
+    /// late) and nodes gone lately, which left (their farewell is in the registry) or
+    /// failed (written dead, force-left, or their lease ended).
     ///
     /// # Errors
     /// [`Error::Stopped`].
@@ -49,7 +50,11 @@ impl Node {
                 node: id,
                 name: p.name.unwrap_or_default(),
                 address: p.url.unwrap_or_default(),
-                state: MemberState::Gone,
+                state: if proto::has_left(&replica, p.id) {
+                    MemberState::Left
+                } else {
+                    MemberState::Failed
+                },
                 last_heard: Duration::from_millis(now.saturating_sub(p.last_seen_ms)),
             });
         }

@@ -146,8 +146,12 @@ pub enum MemberState {
     Alive,
     /// Its lease is live, but its renewal is late.
     Suspect,
-    /// Lost lately: its lease ended, or it was written dead, or it left.
-    Gone,
+    /// Left lately, by its own word (`roster leave`, a shutdown): its farewell is in the
+    /// registry, so every node says so.
+    Left,
+    /// Lost lately without a word: written dead by a peer (its connections closed and no
+    /// peer reached it), force-left, or its lease ended.
+    Failed,
 }
 
 impl MemberState {
@@ -156,7 +160,8 @@ impl MemberState {
         match self {
             Self::Alive => "alive",
             Self::Suspect => "suspect",
-            Self::Gone => "gone",
+            Self::Left => "left",
+            Self::Failed => "failed",
         }
     }
 }

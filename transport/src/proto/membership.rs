@@ -71,6 +71,15 @@ pub fn live_members(replica: &Replica, now_ms: u64) -> Vec<LiveMember<'_>> {
         .collect()
 }
 
+/// Whether `node` left the cluster by its own word (`roster leave`, a shutdown): its lease
+/// is its farewell ([`Lease::farewell`]), which replicates like any lease and is kept a day
+/// on every replica. A node that is not a live member and did not leave was lost: written
+/// dead by a peer, force-left, or its lease ended. A node back after it left writes a
+/// lease again, which replaces the farewell.
+pub fn has_left(replica: &Replica, node: ReplicaId) -> bool {
+    replica.lease_of(node).is_some_and(Lease::is_farewell)
+}
+
 /// The host and port of a `ws://` or `wss://` URL.
 ///
 /// # Errors
@@ -92,5 +101,117 @@ impl Node {
             .filter(|m| m.id != self.me.id)
             .filter_map(|m| Some((m.id, m.url?.to_string(), m.name.to_string())))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use roster_registry::{Hlc, State, FAREWELL_KEPT_MS};
+
+    use super::*;
+
+    const TTL: u64 = 60_000;
+
+    /// A node that wrote its membership at `at`, and the delta that says so.
+    fn member(id: u64, at: u64) -> (Replica, State) {
+        let mut r = Replica::new(ReplicaId(id));
+        let delta = register(&mut r, at);
+        (r, delta)
+    }
+
+    fn register(r: &mut Replica, at: u64) -> State {
+        let endpoint = Endpoint::parse("127.0.0.1:7420").unwrap();
+        r.register(
+            members_service(),
+            member_provider(r.id()),
+            endpoint,
+            Metadata::default(),
+            TTL,
+            Hlc::new(at, 0),
+        )
+        .unwrap()
+        .delta
+    }
+
+    fn write_dead(r: &mut Replica, node: u64, at: u64) -> Option<State> {
+        let seen = r.lease_dots(ReplicaId(node));
+        r.write_dead(ReplicaId(node), &seen, at).map(|a| a.delta)
+    }
+
+    fn ids(r: &Replica, now: u64) -> Vec<u64> {
+        live_members(r, now).iter().map(|m| m.id.0).collect()
+    }
+
+    #[test]
+    fn a_node_that_left_reads_as_left_and_one_written_dead_does_not_on_every_replica() {
+        let (mut a, _) = member(1, 1_000);
+        let (mut x, dx) = member(2, 1_000);
+        let (_, dy) = member(3, 1_000);
+        a.apply(dx, 1_000);
+        a.apply(dy, 1_000);
+        // x leaves; y is lost, and a writes it dead.
+        a.apply(x.deregister_all(Hlc::new(2_000, 0)).delta, 2_000);
+        write_dead(&mut a, 3, 2_000).unwrap();
+        // b was no peer of x or y: it learns both from a's whole state.
+        let mut b = Replica::new(ReplicaId(4));
+        b.apply(a.state().clone(), 2_000);
+        for r in [&a, &b] {
+            assert_eq!(ids(r, 2_001), vec![1], "neither is a member");
+            assert!(has_left(r, ReplicaId(2)), "x left");
+            assert!(!has_left(r, ReplicaId(3)), "y failed");
+        }
+    }
+
+    #[test]
+    fn a_leave_racing_a_death_written_for_it_reads_as_left_in_either_order() {
+        let (mut x, dx) = member(2, 1_000);
+        let mut a = Replica::new(ReplicaId(1));
+        a.apply(dx.clone(), 1_000);
+        let dead = write_dead(&mut a, 2, 2_000).unwrap();
+        let farewell = x.deregister_all(Hlc::new(2_000, 0)).delta;
+        let mut replicas = Vec::new();
+        for order in [[&dead, &farewell], [&farewell, &dead]] {
+            let mut r = Replica::new(ReplicaId(5));
+            r.apply(dx.clone(), 1_000);
+            for d in order {
+                r.apply(d.clone(), 2_000);
+            }
+            assert!(has_left(&r, ReplicaId(2)));
+            replicas.push(r);
+        }
+        assert_eq!(replicas[0].state(), replicas[1].state());
+        // A death written after the leave leaves the farewell be.
+        assert!(write_dead(&mut replicas[0], 2, 3_000).is_none());
+        assert!(has_left(&replicas[0], ReplicaId(2)));
+    }
+
+    #[test]
+    fn a_node_back_after_it_left_is_a_member_and_if_killed_then_it_failed() {
+        let (mut x, dx) = member(2, 1_000);
+        let mut a = Replica::new(ReplicaId(1));
+        a.apply(dx, 1_000);
+        a.apply(x.deregister_all(Hlc::new(2_000, 0)).delta, 2_000);
+        assert!(has_left(&a, ReplicaId(2)));
+        // x starts again from its disk, farewell included, and writes its membership.
+        let mut x = Replica::from_state(ReplicaId(2), x.state().clone(), x.counter());
+        a.apply(register(&mut x, 3_000), 3_000);
+        assert_eq!(ids(&a, 3_001), vec![2]);
+        assert!(!has_left(&a, ReplicaId(2)), "back: no longer left");
+        // Killed this time (no farewell), and written dead: it failed.
+        write_dead(&mut a, 2, 4_000).unwrap();
+        assert!(ids(&a, 4_001).is_empty());
+        assert!(!has_left(&a, ReplicaId(2)));
+    }
+
+    #[test]
+    fn a_farewell_is_kept_a_day_then_collected_like_an_ended_lease() {
+        let (mut x, dx) = member(2, 1_000);
+        let mut a = Replica::new(ReplicaId(1));
+        a.apply(dx, 1_000);
+        a.apply(x.deregister_all(Hlc::new(2_000, 0)).delta, 2_000);
+        assert!(a.expire(2_000 + FAREWELL_KEPT_MS - 1, 0).is_none());
+        assert!(has_left(&a, ReplicaId(2)));
+        assert!(a.expire(2_000 + FAREWELL_KEPT_MS, 0).is_some());
+        assert!(!has_left(&a, ReplicaId(2)) && a.lease_of(ReplicaId(2)).is_none());
     }
 }

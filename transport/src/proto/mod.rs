@@ -61,7 +61,7 @@ mod types;
 pub use force::ForcedDeath;
 pub use guard::CrashGuard;
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
-pub use membership::{live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
+pub use membership::{has_left, live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
 use membership::{member_meta, member_provider, members_service};
 use ownership::Owned;
 
@@ -550,7 +550,8 @@ impl Node {
     }
 
     /// Leaves the cluster gracefully: removes everything this node owns (its membership
-    /// too), pushes that to every connected peer at once, and says goodbye. The driver then
+    /// too) and writes its farewell (every replica then lists it as left, not failed:
+    /// see [`has_left`]), pushes that to every connected peer at once, and says goodbye. The driver then
     /// flushes the outputs and closes within its deadline.
     pub fn shutdown(&mut self, now: impl Into<Now>) {
         self.depart(now.into(), true);
@@ -571,12 +572,12 @@ impl Node {
         let mut farewell = None;
         if leave {
             self.owned.clear();
-            if let Some(applied) = self.replica.deregister_all(now.wall_ms) {
-                farewell = Some(applied.delta.clone());
-                self.buffer_own(applied.delta, now);
-                for c in applied.changes {
-                    self.outputs.push_back(Output::Event(c));
-                }
+            let stamp = self.clock.tick(now.wall_ms);
+            let applied = self.replica.deregister_all(stamp);
+            farewell = Some(applied.delta.clone());
+            self.buffer_own(applied.delta, now);
+            for c in applied.changes {
+                self.outputs.push_back(Output::Event(c));
             }
         }
         // Every connected peer hears what it lacks now, not at the next push or gossip
