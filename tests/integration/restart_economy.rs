@@ -46,6 +46,53 @@ fn register(sim: &mut Sim, on: usize, service: &str, port: u16) {
         .unwrap();
 }
 
+/// Regression: a node killed after it received a bulk load and before it acknowledged
+/// it (acknowledgements wait) was sent all of it again on its restart, though its
+/// digest showed it had it on disk: its peers sent from its last acknowledgement,
+/// untrimmed (55 kB for a 53 kB registry, from each of them), where it should be trimmed
+/// by its digest.
+///
+/// Ignored: the bug is found and not fixed. A push to a peer back on a new connection
+/// goes from its old acknowledgement before its digest arrives; holding it until then
+/// (tried) sent more, not less (122 kB), and cost an idle cluster grafts. With
+/// acknowledgements after 200 ms the window is a fifth of a second; `ack_delay_ms` stays
+/// there until this passes. Run it with `cargo test -p roster-tests -- --ignored
+/// a_node_killed_before`.
+#[test]
+#[ignore = "a known bug: see the comment"]
+fn a_node_killed_before_it_acknowledged_a_bulk_load_is_not_sent_it_again() {
+    let seed = sim_seed("restart_unacknowledged");
+    let cfg = Config {
+        ack_delay_ms: 10_000,
+        ..config()
+    };
+    let mut sim = Sim::new(5, cfg, Faults::NONE, seed);
+    sim.run_for(5_000);
+    for i in 0..1_000 {
+        register(&mut sim, 1, &format!("svc-{i}"), 10_000 + i);
+    }
+    let r = 4;
+    let had = |sim: &Sim| sim.node(r).unwrap().replica().state().registration_count();
+    while had(&sim) < 1_000 {
+        sim.run_for(10);
+    }
+    let full = codec::encode_state(sim.node(0).unwrap().replica().state()).len() as u64;
+    sim.crash(r);
+    sim.run_for(2_000);
+    let before = sim.traffic(r).bytes_received;
+    sim.restart(r);
+    assert!(
+        settle(&mut sim, 30_000),
+        "the restarted node catches up (seed {seed})"
+    );
+    let received = sim.traffic(r).bytes_received - before;
+    eprintln!("restart before acknowledging a bulk load: {received} bytes received, the state is {full} (seed {seed})");
+    assert!(
+        received * 4 < full,
+        "{received} bytes received on a restart that missed nothing; the state is {full} (seed {seed})"
+    );
+}
+
 #[test]
 fn a_restart_after_missing_a_few_changes_costs_deltas_not_the_registry() {
     let seed = sim_seed("restart_costs_deltas");

@@ -130,7 +130,11 @@ impl Default for Config {
             push_delay_ms: 2,
             push_rate: 200,
             push_burst: 20,
-            // At 20 changes a second, 20 ms sent an acknowledgement per change per link.
+            // At 20 changes a second, 20 ms sent an acknowledgement per change per link,
+            // 200 ms one per four. 1 s saved more (10 agents at 20 changes/s: 321 B and
+            // 2.6 packets received per node per change, against 390 B and 3.4), but a
+            // node killed within the delay of a bulk load is sent it all again on its
+            // restart (`a_node_killed_before_it_acknowledged_a_bulk_load_is_not_sent_it_again`).
             ack_delay_ms: 200,
             max_outbound: 2,
             dial_slot_ms: 1_000,
@@ -159,7 +163,8 @@ impl Default for Config {
             dial: true,
             backoff: BackoffPolicy::default(),
             dissemination: Dissemination::Tree,
-            // At 50 ms, 20 changes a second sent an announcement per change per lazy link.
+            // At 50 ms, 20 changes a second sent an announcement per change per lazy link
+            // (1 s, Riak's, saved nothing more measurable: 3.4 packets per node per change).
             announce_spacing_ms: 500,
             // Both ends of a link off a tree announced most changes to each other: their
             // copies come within a few ms of each other.
