@@ -49,6 +49,7 @@ async fn test_node(dir: &std::path::Path) -> Node {
         .unwrap()
 }
 mod registration;
+mod summary;
 mod tasks;
 mod unsaved;
 mod values;
@@ -60,6 +61,7 @@ pub use registration::Registration;
 use values::ms;
 pub use values::{Event, Instance, Member, MemberState, Service};
 pub use watch::Watch;
+pub use summary::{Changes, StatusCounts};
 
 pub use bulk::MAX_BATCH_ITEMS;
 pub(crate) use group::Answer;
