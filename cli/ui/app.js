@@ -125,6 +125,7 @@ async function read(body, onEvent, last) {
   let rest = '';
   let kind = 'message';
   let data = [];
+  let id = null;
   for (;;) {
     const { value, done } = await reader.read();
     if (done) return last;
@@ -133,12 +134,16 @@ async function read(body, onEvent, last) {
     for (const raw of lines) {
       const line = raw.endsWith('\r') ? raw.slice(0, -1) : raw;
       if (line === '') {
+        // An event without an id: the agent's id would be too long (a large service), so
+        // a reconnection starts afresh rather than from an older id.
+        if (data.length) last = id;
         if (data.length) onEvent(kind, data.join('\n'));
         kind = 'message';
         data = [];
+        id = null;
       } else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
       else if (line.startsWith('event:')) kind = line.slice(6).trim();
-      else if (line.startsWith('id:')) last = line.slice(3).trim();
+      else if (line.startsWith('id:')) id = line.slice(3).trim();
     }
   }
 }
@@ -273,8 +278,11 @@ async function withMeta(list, [k, v]) {
 // ---- A service's instances: every one, rendered only where visible.
 
 function showService(name) {
-  const shown = new Map();
-  let list = [];
+  const shown = new Map(); // id -> instance
+  let order = []; // the ids of `shown`, sorted once `unsorted` is dealt with
+  let unsorted = false;
+  let removed = false;
+  let list = []; // the ids shown: `order` through the filters
   let dirty = true;
   let queued = false;
   let focused = -1;
@@ -303,7 +311,8 @@ function showService(name) {
     queued = true;
     requestAnimationFrame(paint);
   }
-  function matches() {
+  /** The filter of the inputs, or null when they keep everything. */
+  function matcher() {
     const t = text.value.trim().toLowerCase();
     let pair = null;
     try {
@@ -311,18 +320,26 @@ function showService(name) {
     } catch (e) {
       count.textContent = e.message;
     }
+    if (!t && !pair && !status.value) return null;
     return (i) =>
       (!status.value || i.status === status.value) &&
       (!pair || i.meta?.[pair[0]] === pair[1]) &&
       (!t || i.instance.toLowerCase().includes(t) || i.address.includes(t) || metaText(i.meta).toLowerCase().includes(t));
+  }
+  /** Sorts and filters only when something asks for it: a stream sends ids in order. */
+  function relist() {
+    if (removed) order = order.filter((id) => shown.has(id));
+    if (unsorted) order.sort();
+    removed = unsorted = false;
+    const m = matcher();
+    list = m ? order.filter((id) => m(shown.get(id))) : order;
   }
   function paint() {
     queued = false;
     const rh = rowHeight();
     if (dirty) {
       dirty = false;
-      list = [...shown.values()].filter(matches());
-      list.sort((a, b) => (a.instance < b.instance ? -1 : a.instance > b.instance ? 1 : 0));
+      relist();
       spacer.style.height = `${list.length * rh}px`;
       scroll.parentElement.setAttribute('aria-rowcount', list.length);
       count.textContent = `${list.length} of ${shown.size} instances`;
@@ -331,9 +348,19 @@ function showService(name) {
     const first = Math.floor(scroll.scrollTop / rh);
     const n = Math.ceil(scroll.clientHeight / rh) + 1;
     rows.style.top = `${first * rh}px`;
-    rows.replaceChildren(...list.slice(first, first + n).map((i, k) => row(i, first + k)));
+    rows.replaceChildren(...list.slice(first, first + n).map((id, k) => row(shown.get(id), first + k)));
     rows.querySelector(`[data-i="${focused}"]`)?.focus();
     count.dataset.paintedAt = Math.round(performance.now());
+  }
+  function up(d) {
+    const before = shown.get(d.instance);
+    if (!before) {
+      if (order.length && d.instance < order[order.length - 1]) unsorted = true;
+      order.push(d.instance);
+    } else if (before.status !== d.status) {
+      note(`${name}/${d.instance}`, `${before.status} → ${d.status}${d.note ? ` (${d.note})` : ''}`, d.status);
+    }
+    shown.set(d.instance, d);
   }
   function row(i, at) {
     return h('a', { class: 'row', role: 'row', href: `#/instance/${enc(name)}/${enc(i.instance)}`, 'data-i': at, 'aria-rowindex': at + 1, onfocus: () => (focused = at) },
@@ -359,16 +386,14 @@ function showService(name) {
     `/v1/services/${enc(name)}?watch&all`,
     (kind, data) => {
       const d = JSON.parse(data);
-      const before = shown.get(d.instance);
-      if (kind === 'down') shown.delete(d.instance);
-      else {
-        if (before && before.status !== d.status) note(`${name}/${d.instance}`, `${before.status} → ${d.status}${d.note ? ` (${d.note})` : ''}`, d.status);
-        shown.set(d.instance, d);
-      }
+      if (kind !== 'down') up(d);
+      else if (shown.delete(d.instance)) removed = true;
       changed();
     },
     (resumed) => {
-      if (!resumed) shown.clear();
+      if (resumed) return;
+      shown.clear();
+      order = [];
       changed();
     },
   );
