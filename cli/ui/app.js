@@ -413,7 +413,13 @@ function showInstance(service, id) {
     facts, actions, msg,
     h('h2', {}, 'Provenance (as roster explain gives it)'), provenance,
   );
+  let last = '';
   function show(i) {
+    // The page's GET and the stream's first event bring the same: drawn once, so a button
+    // is not replaced under the pointer.
+    const now = JSON.stringify(i);
+    if (now === last) return;
+    last = now;
     facts.replaceChildren(
       ...[['Instance', i.instance], ['Address', i.address], ['Status', h('span', { class: i.status, id: 'status' }, i.status)],
         ['Note', i.note || '—'], ['Node', `${nodeName(i.node)} (${i.node})`], ['Registered', when(i.registered_at)],
@@ -427,6 +433,7 @@ function showInstance(service, id) {
     );
   }
   function gone() {
+    last = '';
     facts.replaceChildren(h('p', { class: 'muted' }, `${id} is not live on this agent (deregistered, or its lease ended).`));
     actions.replaceChildren();
   }

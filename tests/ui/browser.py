@@ -95,7 +95,11 @@ def wait(driver, what, pred):
     try:
         return WebDriverWait(driver, DEADLINE_S, poll_frequency=0.02).until(lambda d: pred(d))
     except Exception:
-        raise SystemExit(f"FAILED: {what} (not within {DEADLINE_S} s)") from None
+        try:
+            page = driver.find_element(By.TAG_NAME, "body").text
+        except Exception:
+            page = "(unreadable)"
+        raise SystemExit(f"FAILED: {what} (not within {DEADLINE_S} s); the page shows:\n{page}") from None
 
 
 def text(driver):
@@ -114,6 +118,14 @@ def confirm(driver):
     ok = wait(driver, "the confirmation dialog opens", lambda d: d.find_element(By.ID, "ask-ok"))
     wait(driver, "the dialog is shown", lambda d: ok.is_displayed())
     ok.click()
+
+
+def fail_on_error(driver):
+    """Stops the wait with the page's own error, when it shows one."""
+    shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".error") if e.text]
+    if shown:
+        raise SystemExit(f"FAILED: the page says: {shown[0]}")
+    return False
 
 
 def shot(driver, args, name):
@@ -157,12 +169,13 @@ def run(args, root):
         shot(driver, args, "service")
 
         driver.get(a.http + "/ui/#/instance/web/web-a")
-        button = wait(driver, "the maintenance button", lambda d: d.find_element(By.ID, "maintenance"))
         wait(driver, "the provenance shows", lambda d: "acknowledged_by" in text(d))
+        wait(driver, "the instance shows", lambda d: d.find_element(By.ID, "status").text == "passing")
         shot(driver, args, "instance")
-        button.click()
+        driver.find_element(By.ID, "maintenance").click()
         confirm(driver)
-        wait(driver, "the page shows maintenance", lambda d: d.find_element(By.ID, "status").text == "maintenance")
+        wait(driver, "the page shows maintenance",
+             lambda d: d.find_element(By.ID, "status").text == "maintenance" or fail_on_error(d))
         got = a.roster("get", "web", "--all", "--json")
         assert '"maintenance"' in got and "web-a" in got, f"roster get --all: {got}"
         check("maintenance switched on from the page is seen by roster get --all")
