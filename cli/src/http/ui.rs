@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
+use super::error::ApiError;
+
 /// A file of the page: its name, type, bytes and gzipped bytes.
 struct File {
     name: &'static str,
@@ -45,13 +47,26 @@ const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; s
 /// The page's routes: `/` and `/ui` redirect to `/ui/`.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/", get(root))
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
         .route("/ui/", get(|h: HeaderMap| async move { serve("index.html", &h) }))
         .route(
             "/ui/{file}",
             get(|Path(name): Path<String>, h: HeaderMap| async move { serve(&name, &h) }),
         )
+}
+
+/// `/`: a redirect to the page, for a browser. A WebSocket upgrade (a CLI given this port
+/// instead of the agent's `--listen` one) gets the API's JSON error, which the CLI
+/// recognises to say which port to give.
+async fn root(headers: HeaderMap) -> Response {
+    if headers.contains_key(header::UPGRADE) {
+        return ApiError::not_found(
+            "this is the agent's HTTP API; a WebSocket client connects to its --listen address",
+        )
+        .into_response();
+    }
+    Redirect::permanent("/ui/").into_response()
 }
 
 /// One file, gzipped when the client accepts it; 404 for a name the page does not have.

@@ -3,8 +3,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
 
-use super::BIN;
+use super::http::{curl, http_url};
+use super::{Agent, BIN};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -86,4 +89,57 @@ fn the_gzipped_copies_of_the_page_match_its_files() {
             "cli/ui/gz/{f}.gz does not match cli/ui/{f}; run `bash cli/ui/compress` and commit"
         );
     }
+}
+
+#[test]
+fn the_summary_counts_by_status_and_a_blocking_query_on_it_answers_when_a_count_moves() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &["--http-listen", "127.0.0.1:0"]);
+    let h = http_url(&a);
+    for id in ["web-1", "web-2"] {
+        a.roster(&["register", "web", "10.0.0.7:80", "--id", id]);
+    }
+    a.roster(&["maint", "enable", "web", "web-2"]);
+    let first = curl(&[&format!("{h}/v1/summary")]);
+    assert_eq!(
+        first.json(),
+        serde_json::json!([{"service": "web", "instances": 2, "passing": 1, "warning": 0, "critical": 0, "maintenance": 1}])
+    );
+    // GET /v1/services keeps its shape.
+    let plain = curl(&[&format!("{h}/v1/services")]);
+    assert_eq!(plain.json(), serde_json::json!([{"service": "web", "instances": 2}]));
+
+    let index = first.header("x-roster-index").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let url = format!("{h}/v1/summary?index={index}&wait=60s");
+    std::thread::spawn(move || tx.send(curl(&[&url])));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the query waits while no count moves"
+    );
+    a.roster(&["maint", "disable", "web", "web-2"]);
+    let moved = rx.recv_timeout(Duration::from_secs(15)).expect("an answer once web-2 is back");
+    assert_ne!(moved.header("x-roster-index").unwrap(), index);
+    assert_eq!(moved.json()[0]["passing"], 2);
+
+    let bad = curl(&[&format!("{h}/v1/summary?status=passing")]);
+    assert_eq!(bad.error(400), "invalid");
+}
+
+#[test]
+fn the_page_is_served_at_ui_gzipped_when_accepted_and_root_redirects_to_it() {
+    let root = tempfile::tempdir().unwrap();
+    let a = Agent::start(&root.path().join("a"), "a", &["--http-listen", "127.0.0.1:0"]);
+    let h = http_url(&a);
+    let r = curl(&[&format!("{h}/")]);
+    assert_eq!((r.code, r.header("location").as_deref()), (308, Some("/ui/")));
+    let page = curl(&[&format!("{h}/ui/")]);
+    assert_eq!(page.code, 200);
+    assert!(page.body.contains("<script type=\"module\" src=\"app.js\">"), "{}", page.body);
+    assert_eq!(page.header("content-encoding"), None, "not asked for gzip");
+    let js = curl(&["-o", "/dev/null", "-H", "Accept-Encoding: gzip", &format!("{h}/ui/app.js")]);
+    assert_eq!(js.header("content-encoding").as_deref(), Some("gzip"));
+    assert!(js.header("content-security-policy").unwrap().contains("default-src 'self'"));
+    let missing = curl(&[&format!("{h}/ui/nope.js")]);
+    assert_eq!(missing.code, 404);
 }
