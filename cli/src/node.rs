@@ -58,10 +58,10 @@ mod watch;
 pub use builder::NodeBuilder;
 pub use error::Error;
 pub use registration::Registration;
+pub use summary::{Changes, StatusCounts};
 use values::ms;
 pub use values::{Event, Instance, Member, MemberState, Service};
 pub use watch::Watch;
-pub use summary::{Changes, StatusCounts};
 
 pub use bulk::MAX_BATCH_ITEMS;
 pub(crate) use group::Answer;

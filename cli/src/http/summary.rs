@@ -71,7 +71,9 @@ fn parse(pairs: Vec<(String, String)>) -> Result<(Option<u64>, Duration), ApiErr
     let wait = humantime::parse_duration(&w)
         .ok()
         .filter(|d| *d <= MAX_WAIT)
-        .ok_or_else(|| ApiError::invalid(format!("wait {w:?} is not a duration of at most 10m (e.g. 30s)")))?;
+        .ok_or_else(|| {
+            ApiError::invalid(format!("wait {w:?} is not a duration of at most 10m (e.g. 30s)"))
+        })?;
     Ok((index, wait))
 }
 

@@ -83,7 +83,10 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
     h.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     if gzip {
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
@@ -111,7 +114,10 @@ mod tests {
 
     fn asking(v: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")));
+        h.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")),
+        );
         h
     }
 

@@ -69,7 +69,10 @@ fn the_page_follows_registrations_checks_maintenance_and_restarts_in_a_real_brow
         "an agent restart shows reconnecting, then the same data",
         "no errors in the browser console",
     ] {
-        assert!(said.contains(&format!("ok: {check}")), "not checked: {check}\n{said}");
+        assert!(
+            said.contains(&format!("ok: {check}")),
+            "not checked: {check}\n{said}"
+        );
     }
 }
 
@@ -107,7 +110,10 @@ fn the_summary_counts_by_status_and_a_blocking_query_on_it_answers_when_a_count_
     );
     // GET /v1/services keeps its shape.
     let plain = curl(&[&format!("{h}/v1/services")]);
-    assert_eq!(plain.json(), serde_json::json!([{"service": "web", "instances": 2}]));
+    assert_eq!(
+        plain.json(),
+        serde_json::json!([{"service": "web", "instances": 2}])
+    );
 
     let index = first.header("x-roster-index").unwrap();
     let (tx, rx) = mpsc::channel();
@@ -118,7 +124,9 @@ fn the_summary_counts_by_status_and_a_blocking_query_on_it_answers_when_a_count_
         "the query waits while no count moves"
     );
     a.roster(&["maint", "disable", "web", "web-2"]);
-    let moved = rx.recv_timeout(Duration::from_secs(15)).expect("an answer once web-2 is back");
+    let moved = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("an answer once web-2 is back");
     assert_ne!(moved.header("x-roster-index").unwrap(), index);
     assert_eq!(moved.json()[0]["passing"], 2);
 
@@ -135,11 +143,24 @@ fn the_page_is_served_at_ui_gzipped_when_accepted_and_root_redirects_to_it() {
     assert_eq!((r.code, r.header("location").as_deref()), (308, Some("/ui/")));
     let page = curl(&[&format!("{h}/ui/")]);
     assert_eq!(page.code, 200);
-    assert!(page.body.contains("<script type=\"module\" src=\"app.js\">"), "{}", page.body);
+    assert!(
+        page.body.contains("<script type=\"module\" src=\"app.js\">"),
+        "{}",
+        page.body
+    );
     assert_eq!(page.header("content-encoding"), None, "not asked for gzip");
-    let js = curl(&["-o", "/dev/null", "-H", "Accept-Encoding: gzip", &format!("{h}/ui/app.js")]);
+    let js = curl(&[
+        "-o",
+        "/dev/null",
+        "-H",
+        "Accept-Encoding: gzip",
+        &format!("{h}/ui/app.js"),
+    ]);
     assert_eq!(js.header("content-encoding").as_deref(), Some("gzip"));
-    assert!(js.header("content-security-policy").unwrap().contains("default-src 'self'"));
+    assert!(js
+        .header("content-security-policy")
+        .unwrap()
+        .contains("default-src 'self'"));
     let missing = curl(&[&format!("{h}/ui/nope.js")]);
     assert_eq!(missing.code, 404);
 }
