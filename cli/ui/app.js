@@ -6,6 +6,8 @@ const STATUSES = ['passing', 'warning', 'critical', 'maintenance'];
 const MAX_CHANGES = 500;
 /** How long a blocking query on the summary waits before it is asked again. */
 const SUMMARY_WAIT = '60s';
+/** How long a fresh stream is quiet before what it did not send is dropped. */
+const QUIET_MS = 500;
 /** How often the Members view reads again while it is shown. */
 const MEMBERS_EVERY_MS = 5000;
 
@@ -343,6 +345,7 @@ function showService(name) {
       spacer.style.height = `${list.length * rh}px`;
       scroll.parentElement.setAttribute('aria-rowcount', list.length);
       count.textContent = `${list.length} of ${shown.size} instances`;
+      if (count.dataset.count !== String(list.length)) count.dataset.countedAt = -1;
       count.dataset.count = list.length;
     }
     const first = Math.floor(scroll.scrollTop / rh);
@@ -350,7 +353,8 @@ function showService(name) {
     rows.style.top = `${first * rh}px`;
     rows.replaceChildren(...list.slice(first, first + n).map((id, k) => row(shown.get(id), first + k)));
     rows.querySelector(`[data-i="${focused}"]`)?.focus();
-    count.dataset.paintedAt = Math.round(performance.now());
+    // For bench/ui: when the rows of the count shown were first drawn.
+    if (count.dataset.countedAt === '-1') count.dataset.countedAt = Math.round(performance.now());
   }
   function up(d) {
     const before = shown.get(d.instance);
@@ -382,22 +386,52 @@ function showService(name) {
     else if (top + rh > scroll.scrollTop + scroll.clientHeight) scroll.scrollTop = top + rh - scroll.clientHeight;
     paint();
   }
-  const stop = follow(
-    `/v1/services/${enc(name)}?watch&all`,
-    (kind, data) => {
-      const d = JSON.parse(data);
-      if (kind !== 'down') up(d);
-      else if (shown.delete(d.instance)) removed = true;
+  // The first render comes from one read (one JSON document parses far faster than as
+  // many events); the stream then confirms each instance, and once it has been quiet for
+  // QUIET_MS the ones it did not send (gone in between) are dropped. One it sends later
+  // is shown again: the stream is the authority.
+  let unconfirmed = null;
+  let quiet = null;
+  function confirmLater() {
+    clearTimeout(quiet);
+    quiet = setTimeout(() => {
+      for (const id of unconfirmed ?? []) if (shown.delete(id)) removed = true;
+      unconfirmed = null;
       changed();
-    },
-    (resumed) => {
-      if (resumed) return;
-      shown.clear();
-      order = [];
+    }, QUIET_MS);
+  }
+  let stop = null;
+  let left = false;
+  api(`/v1/services/${enc(name)}?all`)
+    .then((r) => {
+      for (const d of r.body) up(d);
       changed();
-    },
-  );
-  return stop;
+    })
+    .catch(() => {})
+    .finally(() => {
+      if (left) return;
+      stop = follow(
+        `/v1/services/${enc(name)}?watch&all`,
+        (kind, data) => {
+          const d = JSON.parse(data);
+          unconfirmed?.delete(d.instance);
+          if (kind !== 'down') up(d);
+          else if (shown.delete(d.instance)) removed = true;
+          if (unconfirmed) confirmLater();
+          changed();
+        },
+        (resumed) => {
+          if (resumed) return;
+          unconfirmed = new Set(shown.keys());
+          confirmLater();
+        },
+      );
+    });
+  return () => {
+    left = true;
+    clearTimeout(quiet);
+    stop?.();
+  };
 }
 
 // ---- One instance: what it is, where it came from, and the actions.
