@@ -10,6 +10,7 @@ Prints a Markdown table (docs/benchmarks.md has the last one):
 - first render of a service with --instances instances: from navigation start to the paint
   that first showed them all (the page records when the rows of each count were drawn);
 - page weight: every file of the page as served to a browser that accepts gzip;
+- what a read of the services costs, without and with the counts by status;
 - idle CPU: agent a's CPU time (utime + stime from /proc) over --idle seconds with nothing
   changing, with a page open on the service of --instances, then without a page.
 """
@@ -49,6 +50,17 @@ def page_weight(agent):
         with urllib.request.urlopen(req) as r:
             total += len(r.read())
     return total
+
+
+def read_ms(agent, path, trials=20):
+    """The median time of `GET path`, in ms, over `trials` requests."""
+    times = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(agent.http + path) as r:
+            r.read()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
 
 def wait_count(driver, n):
@@ -107,6 +119,7 @@ def main():
             lat = register_to_page(driver, a, b, args.trials)
             renders = first_render(driver, a, args.instances)
             weight = page_weight(a)
+            services_ms, summary_ms = read_ms(a, "/v1/services"), read_ms(a, "/v1/summary")
             # Both idle windows hold the same instances: with the page on a service of
             # 10,000 (its stream open), then with no page.
             time.sleep(2)
@@ -126,6 +139,8 @@ def main():
     print(f"| first render of a service with {args.instances:,} instances | under 300 ms | "
           f"{statistics.median(renders)} ms median of {len(renders)} ({', '.join(map(str, renders))}) |")
     print(f"| page weight (all files, gzipped) | under 150 kB | {weight / 1000:.1f} kB |")
+    print(f"| `GET /v1/services`, then `GET /v1/summary`, holding {args.instances + args.trials + 1:,} instances | "
+          f"`/v1/services` as before | {services_ms:.2f} ms, {summary_ms:.2f} ms (medians of 20) |")
     print(f"| agent's idle CPU, {args.idle} s, nothing changing | no more than without a page | "
           f"{cpu_without:.2f} % without a page, {cpu_with:.2f} % with one open |")
 
