@@ -18,6 +18,8 @@ mod register;
 mod resume;
 mod sd;
 mod serve;
+mod summary;
+mod ui;
 mod watch;
 
 use std::net::SocketAddr;
@@ -126,6 +128,7 @@ fn router(app: App) -> Router {
             "/v1/maintenance",
             put(register::maintenance_all_on).delete(register::maintenance_all_off),
         )
+        .route("/v1/summary", get(summary::summary))
         .route("/v1/members", get(read::members))
         .route("/v1/status", get(read::status))
         .route("/v1/explain/{service}/{instance}", get(read::explain))
@@ -143,5 +146,6 @@ fn router(app: App) -> Router {
             )
         })
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::check))
+        .merge(ui::routes())
         .with_state(app)
 }

@@ -49,6 +49,7 @@ async fn test_node(dir: &std::path::Path) -> Node {
         .unwrap()
 }
 mod registration;
+mod summary;
 mod tasks;
 mod unsaved;
 mod values;
@@ -57,6 +58,7 @@ mod watch;
 pub use builder::NodeBuilder;
 pub use error::Error;
 pub use registration::Registration;
+pub use summary::{Changes, StatusCounts};
 use values::ms;
 pub use values::{Event, Instance, Member, MemberState, Service};
 pub use watch::Watch;

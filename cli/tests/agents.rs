@@ -63,6 +63,9 @@ mod secrets;
 /// TLS between agents and for clients.
 #[path = "agents/tls.rs"]
 mod tls;
+/// The service map in a real browser.
+#[path = "agents/ui.rs"]
+mod ui;
 
 use secrets::{secret_file, STRONG_SECRET};
 use tls::{agent_start_output, path_str};

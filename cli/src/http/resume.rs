@@ -19,10 +19,17 @@ use super::error::ApiError;
 pub const MAX_EVENT_ID_BYTES: usize = 8 * 1024;
 /// What every id starts with; another form of id would start otherwise.
 const PREFIX: &str = "r1";
+/// The fewest bytes an instance takes in an id: `;`, a one-byte id, `=`, 16 hex digits.
+const MIN_ENTRY_BYTES: usize = 19;
 
 /// The id of an event after which the client shows `shown` (instance id to fingerprint);
 /// `None` when it would be longer than [`MAX_EVENT_ID_BYTES`].
 pub fn event_id(shown: &BTreeMap<String, u64>) -> Option<String> {
+    // Each instance takes at least `;I=` and 16 digits: past that many, none is written
+    // (a stream of 10,000 instances would otherwise write 8 kB for each of its events).
+    if PREFIX.len() + shown.len() * MIN_ENTRY_BYTES > MAX_EVENT_ID_BYTES {
+        return None;
+    }
     let mut id = String::from(PREFIX);
     for (instance, fingerprint) in shown {
         // Writing to a String cannot fail.

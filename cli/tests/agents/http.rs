@@ -50,7 +50,7 @@ impl Reply {
         v["error"]["kind"].as_str().unwrap().to_string()
     }
 
-    fn header(&self, name: &str) -> Option<String> {
+    pub(super) fn header(&self, name: &str) -> Option<String> {
         self.headers.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
