@@ -101,10 +101,6 @@ pub struct Config {
     /// after a quiet spell goes at once; only a hole in a tree under churn waits for it
     /// (Riak's plumtree announces once a second).
     pub announce_spacing_ms: u64,
-    /// The most a lone announcement after a quiet spell waits (a random part of it), so
-    /// that of the two ends of a link off a tree one most often hears the other's before
-    /// sending its own, and sends none; 0: at once.
-    pub announce_jitter_ms: u64,
     /// How long a change announced to us may take to arrive before we graft it from its
     /// announcer: about a round trip and a push's spacing.
     pub graft_timeout_ms: u64,
@@ -131,10 +127,11 @@ impl Default for Config {
             push_rate: 200,
             push_burst: 20,
             // At 20 changes a second, 20 ms sent an acknowledgement per change per link,
-            // 200 ms one per four. 1 s saved more (10 agents at 20 changes/s: 321 B and
-            // 2.6 packets received per node per change, against 390 B and 3.4), but a
-            // node killed within the delay of a bulk load is sent it all again on its
-            // restart (`a_node_killed_before_it_acknowledged_a_bulk_load_is_not_sent_it_again`).
+            // 200 ms one per four. 1 s saved more (10 agents at 20 changes/s, with
+            // announcements unacknowledged, since reverted: 321 B and 2.6 packets received
+            // per node per change, against 390 B and 3.4; docs/benchmarks.md), but a node
+            // killed within the delay of a bulk load is sent it all again on its restart
+            // (`a_node_killed_before_it_acknowledged_a_bulk_load_is_not_sent_it_again`).
             ack_delay_ms: 200,
             max_outbound: 2,
             dial_slot_ms: 1_000,
@@ -164,11 +161,8 @@ impl Default for Config {
             backoff: BackoffPolicy::default(),
             dissemination: Dissemination::Tree,
             // At 50 ms, 20 changes a second sent an announcement per change per lazy link
-            // (1 s, Riak's, saved nothing more measurable: 3.4 packets per node per change).
+            // (1 s, Riak's, saved nothing more measurable beside 200 ms acknowledgements).
             announce_spacing_ms: 500,
-            // Both ends of a link off a tree announced most changes to each other: their
-            // copies come within a few ms of each other.
-            announce_jitter_ms: 40,
             graft_timeout_ms: 80,
             graft_retry_ms: 40,
             // A parent moved for a copy one link shorter at every change, and each move

@@ -152,11 +152,6 @@ struct Peer {
     /// When it was last sent an announcement alone (monotonic ms; see
     /// `Config::announce_spacing_ms`).
     announced_at: Option<u64>,
-    /// The number of the last message sent to it that asks an acknowledgement (what was
-    /// sent after it asked none).
-    numbered: Option<u64>,
-    /// When the announcement alone waiting for it may go (see `announcement_waits`).
-    announce_due: Option<u64>,
     /// When its last failure was (a dial, a connection cut short, a link dead of silence;
     /// monotonic ms), in this process; `None` once a connection to it lived long enough
     /// to count as healthy. Free slots go to the peers that failed longest ago first.

@@ -115,15 +115,9 @@ impl Node {
         if self.announcement_waits(peer, &messages, now) {
             return;
         }
-        let numbered = messages.iter().any(|m| m.seq().is_some());
-        if let Some(p) = self.peers.get_mut(&peer) {
-            if numbered {
-                p.numbered = Some(until);
-            } else if acked == Some(a) {
-                // Everything up to there was learnt from the peer itself, is known to
-                // it, or is announced to it alone: nothing to acknowledge (see
-                // `buffered_messages`). Else the acknowledgement of what is in flight
-                // covers it (`on_ack`).
+        if messages.is_empty() && acked == Some(a) {
+            // Everything up to there was learnt from the peer itself.
+            if let Some(p) = self.peers.get_mut(&peer) {
                 p.acked = Some(until);
             }
         }
@@ -149,12 +143,9 @@ impl Node {
 
     /// The messages carrying the buffered deltas after `a` up to `until` to `to`, and on
     /// the trees announcing those held back from it: inside the push when one goes, so
-    /// they share its fate; alone when none does. An announcement alone is acknowledged
-    /// they share its fate; alone when none does, unnumbered: acknowledging it cost a
-    /// message and a packet per change on every link off a tree. What a peer is sent
-    /// that needs no acknowledgement counts as acknowledged once what was numbered
-    /// before it is (`on_ack`). A repair round announces again what it resends; a push
-    /// announces only what was not announced yet.
+    /// they share its fate; alone, and acknowledged like a delta, when none does. A
+    /// repair round announces again what it resends (a lost announcement would leave a
+    /// hole no graft mends); a push announces only what was not announced yet.
     fn buffered_messages(
         &self,
         peer: ReplicaId,
@@ -219,7 +210,7 @@ impl Node {
                 out
             }
             (None, _) if !announce.is_empty() => vec![Message::IHave {
-                seq: None,
+                seq: Some(until),
                 ids: announce,
             }],
             (None, _) => Vec::new(),
@@ -229,45 +220,27 @@ impl Node {
     /// Whether `messages` are an announcement alone that must wait: one goes to a peer at
     /// most every `announce_spacing_ms`, so under churn it names many changes, not one
     /// (with its acknowledgement, one per push round and link cost about as many packets
-    /// as the flood's copies); the first after a quiet spell waits a random part of
-    /// `announce_jitter_ms`, so that of the two ends of a link off a tree, which most often
-    /// receive a change within a few ms of each other, one hears the other's announcement
-    /// before it sends its own, and sends none (`DeltaBuffer::known_to`). Nothing is
-    /// marked sent, and the announcement timer is set for when it may go.
+    /// as the flood's copies). Nothing is marked sent, and the announcement timer is set
+    /// for when it may go.
     fn announcement_waits(&mut self, peer: ReplicaId, messages: &[Message], now: Now) -> bool {
-        let alone = matches!(messages, [Message::IHave { .. }]);
-        let due = if alone { self.announce_due(peer, now) } else { None };
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return false;
-        };
-        match due.filter(|&d| now.mono_ms < d) {
-            Some(d) => {
-                p.announce_due = Some(d);
+        let alone = matches!(messages, [Message::IHave { seq: Some(_), .. }]);
+        let spacing = self.cfg.announce_spacing_ms;
+        let last = self.peers.get(&peer).and_then(|p| p.announced_at);
+        match last
+            .map(|t| t + spacing)
+            .filter(|&due| alone && now.mono_ms < due)
+        {
+            Some(due) => {
                 // Its own timer: a push's would spend the pacing meant for deltas.
-                self.announce_at = Some(self.announce_at.map_or(d, |t| t.min(d)));
+                self.announce_at = Some(self.announce_at.map_or(due, |t| t.min(due)));
                 true
             }
             None => {
-                p.announce_due = None;
-                if alone {
+                if let Some(p) = self.peers.get_mut(&peer).filter(|_| alone) {
                     p.announced_at = Some(now.mono_ms);
                 }
                 false
             }
-        }
-    }
-
-    /// When an announcement alone may go to `peer`: `announce_spacing_ms` after the last,
-    /// or, the first after a quiet spell, after a random part of `announce_jitter_ms`
-    /// (drawn once).
-    fn announce_due(&mut self, peer: ReplicaId, now: Now) -> Option<u64> {
-        let (due, last) = self.peers.get(&peer).map(|p| (p.announce_due, p.announced_at))?;
-        let (spacing, jitter) = (self.cfg.announce_spacing_ms, self.cfg.announce_jitter_ms);
-        match (due, last) {
-            (Some(due), _) => Some(due),
-            (None, Some(last)) if now.mono_ms < last + spacing => Some(last + spacing),
-            _ if jitter == 0 => None,
-            _ => Some(now.mono_ms + self.rng.random_range(0..=jitter)),
         }
     }
 
@@ -285,11 +258,6 @@ impl Node {
     pub(super) fn on_ack(&mut self, peer: ReplicaId, seq: u64, now: Now) {
         let wait = self.cfg.resend_after_ms;
         let p = self.peers.entry(peer).or_default();
-        // What was sent after the last numbered message asked no acknowledgement.
-        let seq = match p.numbered {
-            Some(n) if seq >= n => seq.max(p.sent.unwrap_or(seq)),
-            _ => seq,
-        };
         if p.acked.is_none_or(|a| a < seq) {
             p.acked = Some(seq);
             p.resends = 0;
@@ -321,7 +289,6 @@ impl Node {
         if let Some(p) = self.peers.get_mut(&peer) {
             p.full_sent_at = Some(now.mono_ms);
             p.sent = Some(head);
-            p.numbered = Some(head);
         }
         self.send_to_peer(peer, Message::elided(head, &elided), now);
     }

@@ -113,11 +113,6 @@ impl Trees {
         self.seen.get(&id.root).is_some_and(|s| s.has(id.at))
     }
 
-    /// The peers that announced `id` while it was missing here.
-    pub(super) fn announcers(&self, id: &ChangeId) -> &[ReplicaId] {
-        self.missing.get(id).map_or(&[], |m| m.announcers.as_slice())
-    }
-
     /// Records a change as seen (made here, or arrived); returns whether it is new. It is
     /// missing no more.
     pub(super) fn observe(&mut self, id: ChangeId) -> bool {

@@ -78,12 +78,8 @@ impl Node {
             false => ids,
         };
         let (mut fresh, mut fresh_roots, mut copies) = (Vec::new(), BTreeSet::new(), Vec::new());
-        let mut announced: BTreeMap<ReplicaId, BTreeSet<ChangeId>> = BTreeMap::new();
         for t in ids {
             let here = self.trees.via(peer, t);
-            for &a in self.trees.announcers(&t.id) {
-                announced.entry(a).or_default().insert(t.id);
-            }
             if self.trees.observe(t.id) {
                 self.trees.arrived_from(peer, here);
                 fresh_roots.insert(t.id.root);
@@ -97,9 +93,6 @@ impl Node {
             self.prune_copies(peer, copies, now);
         }
         self.apply_tagged(peer, delta, fresh, now);
-        for (a, ids) in announced {
-            self.buffer.known_to(a, &ids);
-        }
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
         }
@@ -151,14 +144,6 @@ impl Node {
         now: Now,
     ) {
         let due = now.mono_ms + self.cfg.graft_timeout_ms;
-        let had: BTreeSet<ChangeId> = ids
-            .iter()
-            .filter(|t| self.trees.has(&t.id))
-            .map(|t| t.id)
-            .collect();
-        if !had.is_empty() {
-            self.buffer.known_to(peer, &had);
-        }
         let mut nearer = Vec::new();
         for t in ids {
             let via = self.trees.via(peer, t);
