@@ -104,13 +104,7 @@ impl ServiceQuery {
                 }
                 "all" => q.all = flag(&k, &v)?,
                 "watch" => q.watch = flag(&k, &v)?,
-                "index" => {
-                    q.index = Some(v.parse().map_err(|_| {
-                        ApiError::invalid(format!(
-                            "index {v:?} is not a number; pass the X-Roster-Index of the last answer"
-                        ))
-                    })?);
-                }
+                "index" => q.index = Some(index(&v)?),
                 "wait" => wait = Some(v),
                 other => {
                     return Err(ApiError::invalid(format!(
@@ -181,6 +175,15 @@ pub fn any_owner(pairs: Vec<(String, String)>) -> Result<bool, ApiError> {
         any = flag(&k, &v)?;
     }
     Ok(any)
+}
+
+/// `?index=N`: the `X-Roster-Index` of the last answer, for a blocking query.
+pub(super) fn index(v: &str) -> Result<u64, ApiError> {
+    v.parse().map_err(|_| {
+        ApiError::invalid(format!(
+            "index {v:?} is not a number; pass the X-Roster-Index of the last answer"
+        ))
+    })
 }
 
 /// `?flag`, `?flag=true` or `?flag=false`.

@@ -15,7 +15,7 @@ use axum::Json;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::params::{Pairs, DEFAULT_WAIT, MAX_WAIT};
+use super::params::{self, Pairs, DEFAULT_WAIT, MAX_WAIT};
 use super::read::INDEX_HEADER;
 use super::App;
 
@@ -45,13 +45,7 @@ fn parse(pairs: Vec<(String, String)>) -> Result<(Option<u64>, Duration), ApiErr
     let mut wait = None;
     for (k, v) in pairs {
         match k.as_str() {
-            "index" => {
-                index = Some(v.parse::<u64>().map_err(|_| {
-                    ApiError::invalid(format!(
-                        "index {v:?} is not a number; pass the X-Roster-Index of the last answer"
-                    ))
-                })?);
-            }
+            "index" => index = Some(params::index(&v)?),
             "wait" => wait = Some(v),
             other => {
                 return Err(ApiError::invalid(format!(
