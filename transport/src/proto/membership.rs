@@ -185,12 +185,18 @@ mod tests {
         assert!(has_left(&replicas[0], ReplicaId(2)));
     }
 
-    #[test]
-    fn a_node_back_after_it_left_is_a_member_and_if_killed_then_it_failed() {
+    /// Node 2, a member since 1,000, leaves at 2,000; replica 1 (returned second) saw both.
+    fn left_at_2000() -> (Replica, Replica) {
         let (mut x, dx) = member(2, 1_000);
         let mut a = Replica::new(ReplicaId(1));
         a.apply(dx, 1_000);
         a.apply(x.deregister_all(Hlc::new(2_000, 0)).delta, 2_000);
+        (x, a)
+    }
+
+    #[test]
+    fn a_node_back_after_it_left_is_a_member_and_if_killed_then_it_failed() {
+        let (x, mut a) = left_at_2000();
         assert!(has_left(&a, ReplicaId(2)));
         // x starts again from its disk, farewell included, and writes its membership.
         let mut x = Replica::from_state(ReplicaId(2), x.state().clone(), x.counter());
@@ -205,10 +211,7 @@ mod tests {
 
     #[test]
     fn a_farewell_is_kept_a_day_then_collected_like_an_ended_lease() {
-        let (mut x, dx) = member(2, 1_000);
-        let mut a = Replica::new(ReplicaId(1));
-        a.apply(dx, 1_000);
-        a.apply(x.deregister_all(Hlc::new(2_000, 0)).delta, 2_000);
+        let (_, mut a) = left_at_2000();
         assert!(a.expire(2_000 + FAREWELL_KEPT_MS - 1, 0).is_none());
         assert!(has_left(&a, ReplicaId(2)));
         assert!(a.expire(2_000 + FAREWELL_KEPT_MS, 0).is_some());
