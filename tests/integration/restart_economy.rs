@@ -48,18 +48,9 @@ fn register(sim: &mut Sim, on: usize, service: &str, port: u16) {
 
 /// Regression: a node killed after it received a bulk load and before it acknowledged
 /// it (acknowledgements wait) was sent all of it again on its restart, though its
-/// digest showed it had it on disk: its peers sent from its last acknowledgement,
-/// untrimmed (55 kB for a 53 kB registry, from each of them), where it should be trimmed
-/// by its digest.
-///
-/// Ignored: the bug is found and not fixed. A push to a peer back on a new connection
-/// goes from its old acknowledgement before its digest arrives; holding it until then
-/// (tried) sent more, not less (122 kB), and cost an idle cluster grafts. With
-/// acknowledgements after 200 ms the window is a fifth of a second; `ack_delay_ms` stays
-/// there until this passes. Run it with `cargo test -p roster-tests -- --ignored
-/// a_node_killed_before`.
+/// digest showed it had it on disk: its peers pushed from its last acknowledgement,
+/// untrimmed (133 kB for a 53 kB registry), where the digest says it is up to date.
 #[test]
-#[ignore = "a known bug: see the comment"]
 fn a_node_killed_before_it_acknowledged_a_bulk_load_is_not_sent_it_again() {
     let seed = sim_seed("restart_unacknowledged");
     let cfg = Config {

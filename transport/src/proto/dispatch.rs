@@ -113,9 +113,7 @@ impl Node {
         let theirs = message::decode_digest(ctx)?;
         self.refute(&theirs, now);
         let ours = self.replica.context().clone();
-        let p = self.peers.entry(peer).or_default();
-        p.digest = Some(Box::new(theirs.clone()));
-        p.digest_sent_at = None;
+        self.note_digest(peer, &theirs);
         // A digest that asks, from a peer in step: answer with the hashes, or it
         // would ask again every repair round (see `on_digest_hash`).
         if let Some(hash) = state {
@@ -151,6 +149,23 @@ impl Node {
             self.send(conn, Message::digest(&ours, true, None), now);
         }
         Ok(())
+    }
+
+    /// Keeps a peer's digest. It may be newer than the peer's acknowledgement: a peer back
+    /// on a new connection, killed before it acknowledged what it had saved, holds more
+    /// than it acknowledged. Pushed from that acknowledgement untrimmed, it was sent all
+    /// of it again by every peer (133 kB for a 53 kB registry). So what goes to it is
+    /// trimmed by the digest (`State::trimmed_for`, which keeps removals) until it
+    /// acknowledges again. Its digest holding all of ours would not make it up to date:
+    /// a removal mints no dot.
+    fn note_digest(&mut self, peer: ReplicaId, theirs: &CausalContext) {
+        let head = self.buffer.head();
+        let p = self.peers.entry(peer).or_default();
+        p.digest = Some(Box::new(theirs.clone()));
+        p.digest_sent_at = None;
+        if p.acked.is_some_and(|a| a < head) {
+            p.adopted = true;
+        }
     }
 
     /// A delta (number `seq` of the peer's buffer): admitted, joined, acknowledged.
