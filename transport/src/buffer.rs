@@ -20,11 +20,17 @@ use roster_registry::{CausalContext, ReplicaId, State};
 
 use crate::message::{ChangeId, Tagged};
 
+/// The most peers recorded as holding one buffered delta (a node has a few links).
+const MAX_KNOWN: usize = 8;
+
 /// One buffered delta, encoded, and the peer it came from (never sent back to it).
 #[derive(Debug, Clone)]
 struct Entry {
     seq: u64,
     origin: Option<ReplicaId>,
+    /// Other peers known to hold every change it names (they announced them): neither
+    /// pushed nor announced to them.
+    known: Vec<ReplicaId>,
     /// Its registrations and leases, so the size of a join is known before it is made.
     entries: usize,
     /// The changes it carries, by name, when it travels on the trees (empty: it floods,
@@ -53,7 +59,12 @@ impl Recipient<'_> {
     /// Whether `e` goes to this recipient: not learnt from it, and not held back (a delta
     /// that names no change, or one of a root not held back, goes).
     fn wants(&self, e: &Entry) -> bool {
-        e.origin != Some(self.peer) && !self.holds(e)
+        !self.has(e) && !self.holds(e)
+    }
+
+    /// Whether it has `e` already: it sent it, or announced every change it names.
+    fn has(&self, e: &Entry) -> bool {
+        e.origin == Some(self.peer) || e.known.contains(&self.peer)
     }
 
     /// Whether `e` is held back from it: every change it names is of a root held back.
@@ -122,6 +133,7 @@ impl DeltaBuffer {
         self.entries.push_back(Entry {
             seq: self.head,
             origin,
+            known: Vec::new(),
             entries: delta.registration_count() + delta.lease_count(),
             tags: tags.into_boxed_slice(),
             delta: encode_state(&delta).into_boxed_slice(),
@@ -239,9 +251,22 @@ impl DeltaBuffer {
     ) -> Vec<Tagged> {
         let to = to.into();
         self.after(acked)
-            .filter(|e| e.seq <= until && e.origin != Some(to.peer) && to.holds(e) == held)
+            .filter(|e| e.seq <= until && !to.has(e) && to.holds(e) == held)
             .flat_map(|e| e.tags.iter().copied())
             .collect()
+    }
+
+    /// `peer` announced `ids`: the buffered deltas whose every change is among them are
+    /// neither pushed nor announced to it. (Both ends of a link off a tree announced each
+    /// change to the other; now the later of the two, under churn most often, stays
+    /// silent.)
+    pub fn known_to(&mut self, peer: ReplicaId, ids: &BTreeSet<ChangeId>) {
+        for e in self.entries.iter_mut().rev() {
+            let all = !e.tags.is_empty() && e.tags.iter().all(|t| ids.contains(&t.id));
+            if all && e.origin != Some(peer) && !e.known.contains(&peer) && e.known.len() < MAX_KNOWN {
+                e.known.push(peer);
+            }
+        }
     }
 
     /// The join of the buffered deltas that carry any of `ids`, and the changes they

@@ -66,8 +66,8 @@ impl Seen {
 /// A change announced to us that we lack.
 #[derive(Debug, Clone)]
 struct Missing {
-    /// The peers that announced it, in order.
-    announcers: Vec<ReplicaId>,
+    /// The peers that announced it, in order, each with the links its copy crossed.
+    announcers: Vec<(ReplicaId, u16)>,
     /// When the next graft goes (monotonic ms).
     graft_at: u64,
 }
@@ -178,6 +178,28 @@ impl Trees {
         nearer
     }
 
+    /// Whether `peer`, which announced a change it got by links costing `theirs`, could
+    /// save `saving` by our path to its root, which cost `ours` (unknown: it could), with
+    /// the link between us.
+    pub(super) fn could_shorten(&self, peer: ReplicaId, ours: Option<u16>, theirs: u16, saving: u16) -> bool {
+        let cost = self.cost.get(&peer).copied().unwrap_or(1);
+        ours.is_none_or(|h| h.saturating_add(cost).saturating_add(saving.max(1)) <= theirs)
+    }
+
+    /// What the links `id` came here by cost, while it is its root's newest change here.
+    pub(super) fn hops_of(&self, id: &ChangeId) -> Option<u16> {
+        self.parent
+            .get(&id.root)
+            .filter(|p| p.at == id.at)
+            .map(|p| p.hops)
+    }
+
+    /// The peers that announced `id` while it was missing here, each with the links its
+    /// copy crossed.
+    pub(super) fn announcers(&self, id: &ChangeId) -> &[(ReplicaId, u16)] {
+        self.missing.get(id).map_or(&[], |m| m.announcers.as_slice())
+    }
+
     /// The peer that brought the newest change of `root` here.
     pub(super) fn parent_of(&self, root: ReplicaId) -> Option<ReplicaId> {
         self.parent.get(&root).map(|p| p.peer)
@@ -226,7 +248,7 @@ impl Trees {
         self.held.remove(&peer);
         self.parent.retain(|_, p| p.peer != peer);
         for m in self.missing.values_mut() {
-            m.announcers.retain(|p| *p != peer);
+            m.announcers.retain(|(p, _)| *p != peer);
         }
         self.missing.retain(|_, m| !m.announcers.is_empty());
     }
@@ -244,8 +266,8 @@ impl Trees {
             announcers: Vec::new(),
             graft_at,
         });
-        if !m.announcers.contains(&peer) {
-            m.announcers.push(peer);
+        if !m.announcers.iter().any(|(p, _)| *p == peer) {
+            m.announcers.push((peer, t.hops));
         }
         true
     }
@@ -267,7 +289,7 @@ impl Trees {
                 given_up.push(*id);
                 continue;
             }
-            let peer = m.announcers.remove(0);
+            let (peer, _) = m.announcers.remove(0);
             asks.entry(peer).or_default().push(*id);
             m.graft_at = now + retry_ms.max(1);
         }

@@ -78,8 +78,15 @@ impl Node {
             false => ids,
         };
         let (mut fresh, mut fresh_roots, mut copies) = (Vec::new(), BTreeSet::new(), Vec::new());
+        let mut announced = Vec::new();
         for t in ids {
             let here = self.trees.via(peer, t);
+            announced.extend(
+                self.trees
+                    .announcers(&t.id)
+                    .iter()
+                    .map(|&(a, theirs)| (a, theirs, here)),
+            );
             if self.trees.observe(t.id) {
                 self.trees.arrived_from(peer, here);
                 fresh_roots.insert(t.id.root);
@@ -93,6 +100,7 @@ impl Node {
             self.prune_copies(peer, copies, now);
         }
         self.apply_tagged(peer, delta, fresh, now);
+        self.known_by_announcers(&announced);
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
         }
@@ -144,6 +152,7 @@ impl Node {
         now: Now,
     ) {
         let due = now.mono_ms + self.cfg.graft_timeout_ms;
+        self.known_by_announcement(peer, &ids);
         let mut nearer = Vec::new();
         for t in ids {
             let via = self.trees.via(peer, t);
@@ -156,6 +165,45 @@ impl Node {
         }
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
+        }
+    }
+
+    /// Peers that announced changes before they arrived here (each with the links its
+    /// copy crossed, and the change as it came here) hold them: they are neither pushed
+    /// nor announced them, unless our path could save them links (as in
+    /// `known_by_announcement`).
+    fn known_by_announcers(&mut self, announced: &[(ReplicaId, u16, Tagged)]) {
+        let saving = self.cfg.parent_saving;
+        let mut known: BTreeMap<ReplicaId, BTreeSet<ChangeId>> = BTreeMap::new();
+        for &(a, theirs, here) in announced {
+            if !self.trees.could_shorten(a, Some(here.hops), theirs, saving) {
+                known.entry(a).or_default().insert(here.id);
+            }
+        }
+        for (a, ids) in known {
+            self.buffer.known_to(a, &ids);
+        }
+    }
+
+    /// `peer` announced `ids`, so it holds them: those we hold too are neither pushed nor
+    /// announced to it, unless our path to their root could save it links (announced, it
+    /// grafts that path: `Trees::nearer`). Before, both ends of a link off a tree
+    /// announced each change to the other. (Those announced before they arrived here are
+    /// marked on arrival: `known_by_announcers`.)
+    fn known_by_announcement(&mut self, peer: ReplicaId, ids: &[Tagged]) {
+        let saving = self.cfg.parent_saving;
+        let known: BTreeSet<ChangeId> = ids
+            .iter()
+            .filter(|t| self.trees.has(&t.id))
+            .filter(|t| {
+                !self
+                    .trees
+                    .could_shorten(peer, self.trees.hops_of(&t.id), t.hops, saving)
+            })
+            .map(|t| t.id)
+            .collect();
+        if !known.is_empty() {
+            self.buffer.known_to(peer, &known);
         }
     }
 
