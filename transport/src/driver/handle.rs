@@ -103,6 +103,13 @@ impl Handle {
         self.inner.unsaved.give_back(changed);
     }
 
+    /// Returns once at least `n` keys changed since the last [`Handle::take_unsaved`] (at
+    /// once if they have): a saver that saves once per interval saves a burst sooner. The
+    /// node task wakes it once, when the count is reached, not at every change.
+    pub async fn unsaved_reached(&self, n: usize) {
+        self.inner.unsaved.reached(n).await;
+    }
+
     /// A receiver that sees each new replica snapshot (`changed().await`).
     pub fn watch_replica(&self) -> watch::Receiver<Arc<Replica>> {
         self.inner.replica.clone()
