@@ -103,7 +103,15 @@ fn writer(dir: &Path) -> Result<(Writer, String), Error> {
         .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .env("ROSTER_LOG", "error")
         .env_remove("ROSTER_AGENT")
-        .args(["agent", "--listen", "127.0.0.1:0", "--node-name", "w", "--crash-guard", "off"])
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            "w",
+            "--crash-guard",
+            "off",
+        ])
         .arg("--data-dir")
         .arg(dir)
         .stdout(Stdio::piped())
@@ -142,8 +150,16 @@ fn acked(m: ServerMessage) -> Result<(), Error> {
 
 /// Drives the writer from a thread of its own (its allocations are not counted): the
 /// preload, then, on `go`, `rate` changes a second for `secs`.
-fn drive(url: String, n: usize, rate: f64, secs: f64, go: std::sync::mpsc::Receiver<()>) -> Result<u64, Error> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+fn drive(
+    url: String,
+    n: usize,
+    rate: f64,
+    secs: f64,
+    go: std::sync::mpsc::Receiver<()>,
+) -> Result<u64, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let mut client = Client::connect(&url, None).await?;
         let seq0 = |i: usize| RegisterItem {
@@ -174,7 +190,10 @@ fn shows(node: &roster::Node, n: usize, seq: u64) -> bool {
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let rest = stat.rsplit_once(')').map_or("", |r| r.1);
-    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
     // utime and stime (fields 14 and 15), in clock ticks (100 a second on Linux).
     (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
 }

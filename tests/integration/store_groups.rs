@@ -29,10 +29,20 @@ enum Step {
     /// Something happens elsewhere in the cluster, or a peer's delta reaches the node.
     Peer(Op),
     /// A client registers an own instance; answered once it is committed.
-    Own { service: u8, instance: u8, port: u16, meta: u8 },
+    Own {
+        service: u8,
+        instance: u8,
+        port: u16,
+        meta: u8,
+    },
     /// An own write that reached the replica (and its peers) but whose commit the
     /// process did not live to make: never answered.
-    OwnUnanswered { service: u8, instance: u8, port: u16, meta: u8 },
+    OwnUnanswered {
+        service: u8,
+        instance: u8,
+        port: u16,
+        meta: u8,
+    },
     /// The saver writes the peer-learnt (and every other) change since its last save.
     Save,
     /// SIGKILL, then a restart from the store.
@@ -67,14 +77,24 @@ impl Arbitrary for Step {
 fn elsewhere(op: Op) -> Op {
     let other = |at: u8| 1 + at % (REPLICAS - 1);
     match op {
-        Op::Register { at, service, provider, port, meta } => Op::Register {
+        Op::Register {
+            at,
+            service,
+            provider,
+            port,
+            meta,
+        } => Op::Register {
             at: other(at),
             service,
             provider,
             port,
             meta,
         },
-        Op::Deregister { at, service, provider } => Op::Deregister {
+        Op::Deregister {
+            at,
+            service,
+            provider,
+        } => Op::Deregister {
             at: other(at),
             service,
             provider,
@@ -103,7 +123,10 @@ fn record(s: u8, instance: u8, port: u16, m: u8, at_ms: u64) -> OwnedRecord {
         service: SERVICES[usize::from(s) % SERVICES.len()].to_string(),
         instance: format!("own{}", instance % OWN),
         address: format!("10.0.0.1:{}", port.max(1)),
-        meta: meta(m).iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        meta: meta(m)
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         lease_ttl_ms: LEASE_TTL_MS,
         registered_at_ms: at_ms,
         expires_at_ms: None,
@@ -138,7 +161,9 @@ impl NodeUnderTest {
             return;
         }
         let floor = sim.replicas[0].counter() + COUNTER_RESERVE;
-        self.store().write_owned(std::slice::from_ref(&rec), &[], Some(floor)).unwrap();
+        self.store()
+            .write_owned(std::slice::from_ref(&rec), &[], Some(floor))
+            .unwrap();
         self.acked_counter = sim.replicas[0].counter();
         self.acked.insert(rec.key(), rec);
     }
@@ -171,7 +196,10 @@ impl NodeUnderTest {
             loaded.owned.iter().map(|r| (r.key(), r.clone())).collect();
         for (key, rec) in &self.acked {
             if owned.get(key) != Some(rec) {
-                return Err(format!("acknowledged write {key} lost: loaded {:?}", owned.get(key)));
+                return Err(format!(
+                    "acknowledged write {key} lost: loaded {:?}",
+                    owned.get(key)
+                ));
             }
         }
         if loaded.replica.counter() < self.acked_counter {
@@ -225,12 +253,22 @@ fn keeps_its_promises(steps: Vec<Step>) -> bool {
                 sim.step(op);
                 Ok(())
             }
-            Step::Own { service, instance, port, meta } => {
+            Step::Own {
+                service,
+                instance,
+                port,
+                meta,
+            } => {
                 let rec = record(*service, *instance, *port, *meta, sim.now_ms);
                 node.write(&mut sim, rec, true);
                 Ok(())
             }
-            Step::OwnUnanswered { service, instance, port, meta } => {
+            Step::OwnUnanswered {
+                service,
+                instance,
+                port,
+                meta,
+            } => {
                 let rec = record(*service, *instance, *port, *meta, sim.now_ms);
                 node.write(&mut sim, rec, false);
                 Ok(())

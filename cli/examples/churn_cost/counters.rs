@@ -47,7 +47,14 @@ impl SyscallCount {
     /// Attaches to `pid`; `None` when perf is missing or may not count it.
     pub fn start(pid: u32) -> Option<SyscallCount> {
         let child = Command::new("perf")
-            .args(["stat", "-x,", "--no-big-num", "-e", "raw_syscalls:sys_enter", "-p"])
+            .args([
+                "stat",
+                "-x,",
+                "--no-big-num",
+                "-e",
+                "raw_syscalls:sys_enter",
+                "-p",
+            ])
             .arg(pid.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

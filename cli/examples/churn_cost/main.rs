@@ -179,7 +179,10 @@ struct Used {
 }
 
 fn minus(a: &[u64], b: &[u64]) -> Vec<f64> {
-    a.iter().zip(b).map(|(x, y)| y.saturating_sub(*x) as f64).collect()
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| y.saturating_sub(*x) as f64)
+        .collect()
 }
 
 impl Used {
@@ -221,7 +224,11 @@ impl Used {
         let vol: Vec<f64> = self.switches.iter().map(|(v, _)| *v).collect();
         let (cw, co) = Self::split(&all, per);
         let (vw, vo) = Self::split(&vol, per);
-        let name = if self.all_syscalls { "syscalls" } else { "rw syscalls" };
+        let name = if self.all_syscalls {
+            "syscalls"
+        } else {
+            "rw syscalls"
+        };
         format!("{name}/change a={sw:.1} b,c={so:.1} | ctx switches/change a={cw:.2} b,c={co:.2} (voluntary a={vw:.2} b,c={vo:.2})")
     }
 
@@ -239,7 +246,11 @@ impl Used {
 
 /// `perf stat` attached to every agent, when it can be (else `None`).
 async fn perf_start(cluster: &Cluster) -> Option<Vec<SyscallCount>> {
-    let counts: Option<Vec<_>> = cluster.agents.iter().map(|a| SyscallCount::start(a.pid())).collect();
+    let counts: Option<Vec<_>> = cluster
+        .agents
+        .iter()
+        .map(|a| SyscallCount::start(a.pid()))
+        .collect();
     // perf reads the process's threads when it attaches: let it do so before the run.
     tokio::time::sleep(Duration::from_millis(300)).await;
     counts

@@ -51,7 +51,8 @@ fn churn(
 
 #[test]
 fn an_agent_killed_during_churn_restarts_with_its_acknowledged_writes_and_every_peer_change() {
-    let seed = test_seed("an_agent_killed_during_churn_restarts_with_its_acknowledged_writes_and_every_peer_change");
+    let seed =
+        test_seed("an_agent_killed_during_churn_restarts_with_its_acknowledged_writes_and_every_peer_change");
     let mut rng = Rng(seed);
     let root = tempfile::tempdir().unwrap();
     let a = Agent::start(&root.path().join("a"), "a", &[]);
@@ -87,7 +88,9 @@ fn an_agent_killed_during_churn_restarts_with_its_acknowledged_writes_and_every_
         // either way).
         let got = held(&b, OWN);
         for (id, addr) in &own_acked {
-            let either = in_flight.as_ref().is_some_and(|(i, a)| i == id && got.get(id) == Some(a));
+            let either = in_flight
+                .as_ref()
+                .is_some_and(|(i, a)| i == id && got.get(id) == Some(a));
             assert!(
                 got.get(id) == Some(addr) || either,
                 "{ctx}: own {id} was acknowledged at {addr}, the restarted agent has {:?}",
@@ -98,9 +101,11 @@ fn an_agent_killed_during_churn_restarts_with_its_acknowledged_writes_and_every_
 
         // Every change of the peer's, fetched again where the crash lost it.
         assert_eq!(held(&a, PEER), peer_acked, "{ctx}: the peer's own view");
-        let took = within(Duration::from_secs(10), &format!("{ctx}: b holds every peer change"), || {
-            held(&b, PEER) == peer_acked
-        });
+        let took = within(
+            Duration::from_secs(10),
+            &format!("{ctx}: b holds every peer change"),
+            || held(&b, PEER) == peer_acked,
+        );
         eprintln!(
             "{ctx}: {} peer instances, caught up {took:?} after the restart",
             peer_acked.len()

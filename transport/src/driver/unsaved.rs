@@ -33,7 +33,10 @@ struct Shared {
 impl Unsaved {
     fn lock(&self) -> MutexGuard<'_, ChangedKeys> {
         // Every holder leaves the set whole: a panic elsewhere leaves nothing to mend.
-        self.0.keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Adds `changed` (nothing when the replica does not track changes) and publishes
