@@ -1,6 +1,7 @@
 //! Pushes in the simulator: a lone change at once, a burst at the push spacing, a stream at
 //! the push rate with batched acknowledgements, deltas in pieces within the entry limit,
-//! resends to a slow peer, and none before an acknowledgement could come.
+//! resends to a slow peer, and none before an acknowledgement could come or of what an
+//! acknowledgement covered.
 
 use roster_registry::{Endpoint, ProviderId, ServiceName};
 use roster_transport::proto::{Config, OwnedRegistration};
@@ -238,6 +239,44 @@ fn a_change_not_yet_acknowledged_is_not_sent_again_by_the_next_gossip_round() {
     assert_eq!(
         sent, 1,
         "copies of one change before its acknowledgement came (seed {seed})"
+    );
+}
+
+#[test]
+fn an_acknowledgement_covers_the_changes_learnt_from_the_peer_after_what_it_names() {
+    let seed = sim_seed("ack_covers_what_carried_nothing");
+    // Acknowledgements 1 s apart, repair rounds every 100 ms, so that one comes between
+    // a resend's due time and the next change's acknowledgement.
+    let cfg = Config {
+        ack_delay_ms: 1_000,
+        gossip_interval_ms: 100,
+        member_lease_ttl_ms: 3_600_000,
+        lease_per_member_ms: 0,
+        ..config()
+    };
+    let mut sim = converged(2, cfg, seed);
+    sim.run_for(5_000);
+    let deltas = |sim: &Sim| {
+        let count = |kind| sim.traffic_by_kind().get(kind).map_or(0, |k| k.0);
+        count("delta") + count("push")
+    };
+    let mut w = Workload::default();
+    // Node 0 pushes a change, then buffers one it learns from node 1 before node 1's
+    // acknowledgement of the first comes: that one carries nothing to node 1.
+    w.register(&mut sim, 0, 1);
+    sim.run_for(50);
+    w.register(&mut sim, 1, 1);
+    // After the acknowledgement (1 s), before the first resend would be due (2 s after it).
+    sim.run_for(2_500);
+    let before = deltas(&sim);
+    w.register(&mut sim, 0, 2);
+    // Past the acknowledgement of the new change (1 s and a hop).
+    sim.run_for(1_900);
+    assert_eq!(Workload::visible(&sim, 1).get(&key(0)), Some(&2), "seed {seed}");
+    let sent = deltas(&sim) - before;
+    assert_eq!(
+        sent, 1,
+        "copies of one change pushed after an acknowledgement (seed {seed})"
     );
 }
 

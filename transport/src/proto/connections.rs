@@ -315,6 +315,7 @@ impl Node {
         let last = !self.conns.values().any(|o| o.peer == c.peer);
         if let Some(p) = self.peers.get_mut(&c.peer).filter(|_| carried) {
             p.sent = None;
+            p.numbered = None;
             p.full_sent_at = None;
             p.resend_at = None;
             p.resends = 0;

@@ -114,6 +114,10 @@ struct Peer {
     /// all we send it (pushes send only what came after; gossip rounds resend from
     /// `acked`). Cleared when that connection closes (`Node::forget_conn`).
     sent: Option<u64>,
+    /// The number the last message that carried one to it named: numbers sent after it
+    /// carried nothing for it (changes learnt from it), so its acknowledgement covers
+    /// them too. Cleared with `sent`.
+    numbered: Option<u64>,
     /// When we last sent it a full state (not again before the ack or a pause); monotonic
     /// ms, like every time kept for a timer.
     full_sent_at: Option<u64>,

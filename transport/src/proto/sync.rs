@@ -121,6 +121,7 @@ impl Node {
                 p.acked = Some(until);
             }
         }
+        let messages_empty = messages.is_empty();
         for message in messages {
             self.counters.changes_announced += match &message {
                 Message::Push { announced, .. } => announced.len() as u64,
@@ -130,8 +131,12 @@ impl Node {
             self.send_to_peer(peer, message, now);
         }
         let wait = self.cfg.resend_after_ms;
+        let numbered = !messages_empty;
         if let Some(p) = self.peers.get_mut(&peer) {
             p.sent = Some(until);
+            if numbered {
+                p.numbered = Some(until);
+            }
             if p.acked.is_some_and(|a| a < until) {
                 p.resend_at.get_or_insert(now.mono_ms + wait);
             }
@@ -259,10 +264,17 @@ impl Node {
         let wait = self.cfg.resend_after_ms;
         let p = self.peers.entry(peer).or_default();
         if p.acked.is_none_or(|a| a < seq) {
-            p.acked = Some(seq);
+            // What was sent after the last numbered message carried nothing for it: with
+            // acknowledgements 1 s apart, left unacknowledged it was resent with the next
+            // change (a second copy at a node in three).
+            let covered = match p.numbered {
+                Some(n) if n <= seq => p.sent.map_or(seq, |s| s.max(seq)),
+                _ => seq,
+            };
+            p.acked = Some(covered);
             p.resends = 0;
             // What is still unacknowledged gets a fresh wait.
-            p.resend_at = p.sent.filter(|&s| s > seq).map(|_| now.mono_ms + wait);
+            p.resend_at = p.sent.filter(|&s| s > covered).map(|_| now.mono_ms + wait);
         }
         p.full_sent_at = None;
         p.adopted = false;
@@ -289,6 +301,7 @@ impl Node {
         if let Some(p) = self.peers.get_mut(&peer) {
             p.full_sent_at = Some(now.mono_ms);
             p.sent = Some(head);
+            p.numbered = Some(head);
         }
         self.send_to_peer(peer, Message::elided(head, &elided), now);
     }
