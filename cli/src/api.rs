@@ -546,12 +546,13 @@ pub fn item_error(message: &str) -> Option<(usize, &str)> {
 
 /// Encodes a message: the version byte, then postcard.
 pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    let mut out = vec![CLIENT_PROTOCOL_VERSION];
-    // Postcard fails only for types serde cannot describe; ours are plain data.
-    if let Ok(body) = postcard::to_stdvec(msg) {
-        out.extend(body);
-    }
-    out
+    // Sized first: one allocation, where encoding apart and growing from empty took one
+    // per doubling and a copy. Postcard fails only for types serde cannot describe; ours
+    // are plain data.
+    let size = postcard::experimental::serialized_size(msg).unwrap_or(0);
+    let mut out = Vec::with_capacity(1 + size);
+    out.push(CLIENT_PROTOCOL_VERSION);
+    postcard::to_extend(msg, out).unwrap_or_else(|_| vec![CLIENT_PROTOCOL_VERSION])
 }
 
 /// Decodes a message, refusing another version and trailing bytes.

@@ -27,6 +27,10 @@ mod commands;
 /// An agent SIGKILLed at any moment.
 #[path = "agents/crash.rs"]
 mod crash;
+/// An agent SIGKILLed during its peer's churn: its acknowledged writes kept, the peer's
+/// changes fetched again.
+#[path = "agents/crash_churn.rs"]
+mod crash_churn;
 /// The data directory under trouble.
 #[path = "agents/disk.rs"]
 mod disk;

@@ -76,6 +76,10 @@ mod remote_watch;
 /// The replica saved entry by entry loads as it was saved, whatever the changes and crashes.
 mod store_props;
 
+/// Peer-learnt changes saved in groups and own writes committed before their answer: a
+/// restart loads no dot without its data, and every acknowledged own write.
+mod store_groups;
+
 /// The restart-economy rules: resume with deltas, single flight, saved backoff, spread
 /// reconnects, idle quiet, off switches.
 mod restart_economy;

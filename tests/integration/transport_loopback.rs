@@ -156,9 +156,9 @@ async fn three_nodes_joined_through_a_seed_converge() {
     register(&a, "db", "db-1", 5432).await;
     let up = within("B to hear of db-1", async {
         loop {
-            if let roster_registry::Change::Up(i) = events.recv().await.unwrap() {
+            if let roster_registry::Change::Up(i) = &*events.recv().await.unwrap() {
                 if i.provider.as_str() == "db-1" {
-                    return i;
+                    return i.clone();
                 }
             }
         }

@@ -64,7 +64,7 @@ fn main() {
             let (tx, service) = (tx.clone(), service.clone());
             tokio::spawn(async move {
                 while let Ok(c) = events.recv().await {
-                    if let Change::Up(inst) = c {
+                    if let Change::Up(inst) = &*c {
                         if inst.service == service {
                             let _ = tx.send((i, inst.provider.to_string(), Instant::now()));
                         }

@@ -29,6 +29,12 @@
 //!   latest value only, so a change overwritten before a watch showed it counts here: at
 //!   high rates and small `N`); `p50 ack`: the request's round trip; `a`: the lag until
 //!   the writer's own watch showed the change;
+//! - `syscalls/change`: system calls over the run (`perf stat -e raw_syscalls:sys_enter`
+//!   attached to each agent; when perf cannot run, `rw syscalls/change`: the `read`- and
+//!   `write`-like calls of `/proc/<pid>/io`, a lower bound), for `a` and the mean of `b`
+//!   and `c`;
+//! - `ctx switches/change`: context switches over the run, summed over each agent's
+//!   threads (`/proc/<pid>/task/*/status`), voluntary + involuntary, for `a` and `b,c`;
 //! - `rss MiB`: each agent's resident memory (`VmRSS`) after the run;
 //! - `idle`: the same CPU and bytes per second over the idle window, to read the figures
 //!   per change against (they include the background: gossip, pings, saves).
@@ -49,12 +55,14 @@
 //! on a small machine its CPU is part of what the lags include.
 
 mod cluster;
+mod counters;
 mod drive;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cluster::{bytes_sent, cpu_seconds, roster_binary, rss_mib, ticks_per_second, Cluster};
+use counters::{context_switches, rw_syscalls, SyscallCount};
 use drive::{drive, lags, preload, quantile, settle, watch_all, Load, Sent, Sightings};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -130,10 +138,13 @@ fn parse_args() -> Result<Args, Error> {
     Ok(out)
 }
 
-/// CPU seconds and peer bytes sent of each agent, at a moment.
+/// CPU seconds, peer bytes sent, context switches (voluntary, involuntary) and
+/// `read`/`write`-like system calls of each agent, at a moment.
 struct Usage {
     cpu: Vec<f64>,
     bytes: Vec<u64>,
+    switches: Vec<(u64, u64)>,
+    rw_calls: Vec<u64>,
     at: Instant,
 }
 
@@ -141,34 +152,84 @@ async fn usage(cluster: &Cluster, ticks: f64) -> Result<Usage, Error> {
     let mut u = Usage {
         cpu: Vec::new(),
         bytes: Vec::new(),
+        switches: Vec::new(),
+        rw_calls: Vec::new(),
         at: Instant::now(),
     };
     for agent in &cluster.agents {
         u.cpu.push(cpu_seconds(agent.pid(), ticks)?);
         u.bytes.push(bytes_sent(agent).await?);
+        u.switches.push(context_switches(agent.pid())?);
+        u.rw_calls.push(rw_syscalls(agent.pid())?);
     }
     Ok(u)
 }
 
-/// What each agent used between two moments: CPU seconds, bytes, and the seconds between.
+/// What each agent used between two moments: CPU seconds, bytes, context switches
+/// (voluntary, involuntary), system calls (perf's count, else the `read`/`write`-like ones)
+/// and the seconds between.
 struct Used {
     cpu: Vec<f64>,
     bytes: Vec<f64>,
+    switches: Vec<(f64, f64)>,
+    syscalls: Vec<f64>,
+    /// Whether `syscalls` counts every call (perf) or only `read`/`write`-like ones.
+    all_syscalls: bool,
     secs: f64,
+}
+
+fn minus(a: &[u64], b: &[u64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| y.saturating_sub(*x) as f64)
+        .collect()
 }
 
 impl Used {
     fn between(a: &Usage, b: &Usage) -> Used {
+        let (vol_a, invol_a): (Vec<u64>, Vec<u64>) = a.switches.iter().copied().unzip();
+        let (vol_b, invol_b): (Vec<u64>, Vec<u64>) = b.switches.iter().copied().unzip();
         Used {
             cpu: a.cpu.iter().zip(&b.cpu).map(|(x, y)| y - x).collect(),
-            bytes: a
-                .bytes
-                .iter()
-                .zip(&b.bytes)
-                .map(|(x, y)| y.saturating_sub(*x) as f64)
+            bytes: minus(&a.bytes, &b.bytes),
+            switches: minus(&vol_a, &vol_b)
+                .into_iter()
+                .zip(minus(&invol_a, &invol_b))
                 .collect(),
+            syscalls: minus(&a.rw_calls, &b.rw_calls),
+            all_syscalls: false,
             secs: b.at.duration_since(a.at).as_secs_f64(),
         }
+    }
+
+    /// The same, with every system call perf counted (one count per agent), when it did.
+    fn with_syscalls(mut self, counted: Option<Vec<u64>>) -> Used {
+        if let Some(c) = counted.filter(|c| c.len() == self.syscalls.len()) {
+            self.syscalls = c.into_iter().map(|x| x as f64).collect();
+            self.all_syscalls = true;
+        }
+        self
+    }
+
+    /// The writer's figure and the mean of the others, per `per`.
+    fn split(values: &[f64], per: f64) -> (f64, f64) {
+        let others = values[1..].iter().sum::<f64>() / (values.len() - 1) as f64;
+        (values[0] / per, others / per)
+    }
+
+    /// System calls and context switches per `per`, in words.
+    fn calls(&self, per: f64) -> String {
+        let (sw, so) = Self::split(&self.syscalls, per);
+        let all: Vec<f64> = self.switches.iter().map(|(v, i)| v + i).collect();
+        let vol: Vec<f64> = self.switches.iter().map(|(v, _)| *v).collect();
+        let (cw, co) = Self::split(&all, per);
+        let (vw, vo) = Self::split(&vol, per);
+        let name = if self.all_syscalls {
+            "syscalls"
+        } else {
+            "rw syscalls"
+        };
+        format!("{name}/change a={sw:.1} b,c={so:.1} | ctx switches/change a={cw:.2} b,c={co:.2} (voluntary a={vw:.2} b,c={vo:.2})")
     }
 
     /// CPU ms of the writer and the mean of the others, per `unit`.
@@ -181,6 +242,22 @@ impl Used {
     fn bytes(&self, per: f64) -> (f64, f64) {
         (self.bytes.iter().sum::<f64>() / per, self.bytes[0] / per)
     }
+}
+
+/// `perf stat` attached to every agent, when it can be (else `None`).
+async fn perf_start(cluster: &Cluster) -> Option<Vec<SyscallCount>> {
+    let counts: Option<Vec<_>> = cluster
+        .agents
+        .iter()
+        .map(|a| SyscallCount::start(a.pid()))
+        .collect();
+    // perf reads the process's threads when it attaches: let it do so before the run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    counts
+}
+
+fn perf_stop(counts: Option<Vec<SyscallCount>>) -> Option<Vec<u64>> {
+    counts?.into_iter().map(SyscallCount::stop).collect()
 }
 
 /// One run's figures, in one line.
@@ -202,8 +279,8 @@ fn line(n: usize, load: Load, sent: &Sent, seen: &Sightings, run: &Used) -> (Str
     let (cpu_w, cpu_o) = run.cpu_ms(per);
     let (bytes, bytes_w) = run.bytes(per);
     let text = format!(
-        "N={n} K={}/s batch={} window={} acked={acked} ({achieved:.1}/s) errors={} | cpu ms/change a={cpu_w:.3} b,c={cpu_o:.3} | bytes/change {bytes:.0} (a {bytes_w:.0}) | lag ms p50={p50:.2} p99={p99:.2} max={max:.2} unseen={unseen} (p50 ack {ack50:.2}, a {a50:.2})",
-        load.rate, load.batch, load.window, sent.errors
+        "N={n} K={}/s batch={} window={} acked={acked} ({achieved:.1}/s) errors={} | cpu ms/change a={cpu_w:.3} b,c={cpu_o:.3} | {} | bytes/change {bytes:.0} (a {bytes_w:.0}) | lag ms p50={p50:.2} p99={p99:.2} max={max:.2} unseen={unseen} (p50 ack {ack50:.2}, a {a50:.2})",
+        load.rate, load.batch, load.window, sent.errors, run.calls(per)
     );
     let sustained = achieved >= 0.95 * load.rate && sent.errors == 0 && unseen == 0 && acked > 0.0;
     (text, p99, max, sustained)
@@ -227,11 +304,13 @@ async fn churn(bin: &Path, n: usize, load: Load, idle: f64, ticks: f64) -> Resul
     let (cluster, seen) = loaded(bin, n).await?;
     let before = usage(&cluster, ticks).await?;
     tokio::time::sleep(Duration::from_secs_f64(idle)).await;
+    let perf = perf_start(&cluster).await;
     let start = usage(&cluster, ticks).await?;
     let sent = drive(&cluster, n, 1, load).await?;
     settle(&seen, &sent).await;
     let end = usage(&cluster, ticks).await?;
-    let (idle, run) = (Used::between(&before, &start), Used::between(&start, &end));
+    let run = Used::between(&start, &end).with_syscalls(perf_stop(perf));
+    let idle = Used::between(&before, &start);
     let (text, ..) = line(n, load, &sent, &seen, &run);
     let mut rss = Vec::new();
     for agent in &cluster.agents {
@@ -262,11 +341,13 @@ async fn max_rate(bin: &Path, args: &Args, ticks: f64) -> Result<(), Error> {
                 batch,
                 window: args.window,
             };
+            let perf = perf_start(&cluster).await;
             let start = usage(&cluster, ticks).await?;
             let sent = drive(&cluster, n, first, load).await?;
             first = sent.changes.iter().map(|c| c.0).max().unwrap_or(first) + batch as u64 + 1;
             settle(&seen, &sent).await;
-            let run = Used::between(&start, &usage(&cluster, ticks).await?);
+            let end = usage(&cluster, ticks).await?;
+            let run = Used::between(&start, &end).with_syscalls(perf_stop(perf));
             let (text, p99, max, sustained) = line(n, load, &sent, &seen, &run);
             println!("{text}");
             if !sustained {

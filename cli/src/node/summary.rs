@@ -68,7 +68,7 @@ impl Node {
 /// Says when the replica changed. See [`Node::changes`].
 #[derive(Debug)]
 pub struct Changes {
-    rx: broadcast::Receiver<roster_registry::Change>,
+    rx: broadcast::Receiver<std::sync::Arc<roster_registry::Change>>,
 }
 
 impl Changes {

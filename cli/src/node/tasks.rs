@@ -16,17 +16,28 @@ use crate::store::{Store, StoreError};
 const MEMORY_CHECK: Duration = Duration::from_millis(250);
 /// The least time between two saves of the replica (group commit).
 const SAVE_INTERVAL: Duration = Duration::from_millis(100);
+/// Changed entries that end the wait for the rest of a save's interval: a burst of
+/// peer-learnt changes is saved at this count, so a crash loses at most about this many
+/// or one interval of them, whichever is fewer (a large replica's saves are spaced to
+/// several seconds, see [`SAVE_COST_FACTOR`]).
+const SAVE_AT_CHANGES: usize = 1_000;
 /// Saves of a large replica are spaced further: writing may take at most a tenth of the time.
 const SAVE_COST_FACTOR: u32 = 10;
 /// How often own registrations with a `ttl` are checked for their end.
 const TTL_CHECK: Duration = Duration::from_millis(250);
 
-/// Saves the replica after changes, in batches (group commit). After a failed write it
-/// reopens the store on its backoff, and saves what is unsaved once it can.
+/// Saves the replica after changes, in batches (group commit): what peers sent in one
+/// transaction per interval or per [`SAVE_AT_CHANGES`], whichever comes first. (Own writes
+/// are on disk before they are answered: `group.rs`; this saves their replica entries.)
+/// After a failed write it reopens the store on its backoff, and saves what is unsaved
+/// once it can.
 pub(super) async fn saver(handle: Handle, store: Arc<Store>, latency: Histogram, cancel: CancellationToken) {
     let mut rx = handle.watch_replica();
     let mut interval = SAVE_INTERVAL;
     let mut saved_memory: Vec<u8> = Vec::new();
+    // What the node knows of its peers is compared with what was saved this often, not
+    // after every save (each comparison is a round trip to the node task).
+    let mut memory_due = Instant::now();
     // A change the last save attempt did not write.
     let mut unsaved = false;
     loop {
@@ -55,6 +66,7 @@ pub(super) async fn saver(handle: Handle, store: Arc<Store>, latency: Histogram,
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(interval) => {}
+                    () = handle.unsaved_reached(SAVE_AT_CHANGES) => {}
                 }
             }
             rx.borrow_and_update();
@@ -71,6 +83,10 @@ pub(super) async fn saver(handle: Handle, store: Arc<Store>, latency: Histogram,
         }
         // Backoffs change without the replica changing (a dial that fails): save them
         // when they differ from what is on disk, so the next process honours them.
+        if Instant::now() < memory_due {
+            continue;
+        }
+        memory_due = Instant::now() + MEMORY_CHECK;
         let Ok(memory) = handle.inspect(|n, _| n.memory()).await else {
             return;
         };

@@ -80,7 +80,7 @@ fn read(replica: &roster_registry::Replica, name: &ServiceName, all: bool) -> BT
 
 struct WatchState {
     node: Node,
-    rx: broadcast::Receiver<Change>,
+    rx: broadcast::Receiver<std::sync::Arc<Change>>,
     name: Option<ServiceName>,
     all: bool,
     known: BTreeMap<String, Instance>,
@@ -99,9 +99,18 @@ impl WatchState {
                 r = self.rx.recv() => r,
                 () = handle.stopped() => return None,
             };
-            match received {
-                Ok(Change::Up(i)) if i.service == name => {
-                    let i = Instance::from_registry(&i);
+            let change = match received {
+                Ok(c) => c,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    self.resync(&name);
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            // Borrowed: a change of another service costs this watch nothing but the look.
+            match &*change {
+                Change::Up(i) if i.service == name => {
+                    let i = Instance::from_registry(i);
                     if self.all || i.is_served() {
                         if let Some(e) = self.show(i) {
                             return Some(e);
@@ -110,14 +119,12 @@ impl WatchState {
                         return Some(e);
                     }
                 }
-                Ok(Change::Down { service, provider }) if service == name => {
+                Change::Down { service, provider } if *service == name => {
                     if let Some(e) = self.hide(provider.as_str()) {
                         return Some(e);
                     }
                 }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => self.resync(&name),
-                Err(broadcast::error::RecvError::Closed) => return None,
+                _ => {}
             }
         }
     }

@@ -77,25 +77,41 @@ fn row_key(k: &RegKey) -> String {
     super::key(k.service.as_str(), k.provider.as_str())
 }
 
-/// Writes `batch` in `tx`; the context goes into `meta`.
+/// Writes `batch` in `tx`; the context goes into `meta`. A table with no row to write is
+/// not opened (under churn most saves change no lease, and opening a table costs redb
+/// a few dozen allocations to read and write back its definition).
 pub(super) fn write(tx: &WriteTransaction, meta: &mut Table<&str, &[u8]>, batch: &Batch) -> Result<(), Fail> {
+    if !batch.regs.is_empty() {
+        write_regs(tx, &batch.regs)?;
+    }
+    if !batch.leases.is_empty() {
+        write_leases(tx, &batch.leases)?;
+    }
+    meta.insert(K_CONTEXT, batch.ctx.as_slice()).map_err(io)?;
+    Ok(())
+}
+
+fn write_regs(tx: &WriteTransaction, rows: &[(String, Option<Vec<u8>>)]) -> Result<(), Fail> {
     let mut regs = tx.open_table(REGS).map_err(io)?;
-    for (k, v) in &batch.regs {
+    for (k, v) in rows {
         match v {
             Some(v) => regs.insert(k.as_str(), v.as_slice()).map(drop),
             None => regs.remove(k.as_str()).map(drop),
         }
         .map_err(io)?;
     }
+    Ok(())
+}
+
+fn write_leases(tx: &WriteTransaction, rows: &[(u64, Option<Vec<u8>>)]) -> Result<(), Fail> {
     let mut leases = tx.open_table(LEASES).map_err(io)?;
-    for (n, v) in &batch.leases {
+    for (n, v) in rows {
         match v {
             Some(v) => leases.insert(n, v.as_slice()).map(drop),
             None => leases.remove(n).map(drop),
         }
         .map_err(io)?;
     }
-    meta.insert(K_CONTEXT, batch.ctx.as_slice()).map_err(io)?;
     Ok(())
 }
 

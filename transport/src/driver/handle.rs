@@ -61,7 +61,7 @@ pub(super) struct Inner {
     pub(super) local_addr: SocketAddr,
     pub(super) commands: mpsc::Sender<Command>,
     pub(super) replica: watch::Receiver<Arc<Replica>>,
-    pub(super) changes: broadcast::Sender<Change>,
+    pub(super) changes: broadcast::Sender<Arc<Change>>,
     pub(super) status: watch::Receiver<Status>,
     pub(super) unsaved: unsaved::Unsaved,
     pub(super) shared: Arc<Shared>,
@@ -103,6 +103,13 @@ impl Handle {
         self.inner.unsaved.give_back(changed);
     }
 
+    /// Returns once at least `n` keys changed since the last [`Handle::take_unsaved`] (at
+    /// once if they have): a saver that saves once per interval saves a burst sooner. The
+    /// node task wakes it once, when the count is reached, not at every change.
+    pub async fn unsaved_reached(&self, n: usize) {
+        self.inner.unsaved.reached(n).await;
+    }
+
     /// A receiver that sees each new replica snapshot (`changed().await`).
     pub fn watch_replica(&self) -> watch::Receiver<Arc<Replica>> {
         self.inner.replica.clone()
@@ -110,8 +117,8 @@ impl Handle {
 
     /// The change events from now on: instances that came up (or changed) or went down.
     /// A subscriber that falls more than 1,024 events behind gets `Lagged` and should
-    /// re-read the replica.
-    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+    /// re-read the replica. Each change is shared by every subscriber, not copied for each.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.inner.changes.subscribe()
     }
 

@@ -92,7 +92,9 @@ pub(super) struct Status {
 /// The channels the node task publishes on.
 #[derive(Debug)]
 pub(super) struct Publish {
-    pub changes: broadcast::Sender<Change>,
+    /// Shared: a subscriber that does not look at a change (a watch of another service,
+    /// a signal) does not copy it.
+    pub changes: broadcast::Sender<Arc<Change>>,
     pub replica: watch::Sender<Arc<Replica>>,
     pub status: watch::Sender<Status>,
     /// The keys changed since the last save, published with the snapshots.
@@ -495,7 +497,7 @@ impl NodeTask {
             .publish(changed, &self.publish.replica, snapshot);
         // No subscriber is fine; a lagging one learns it from its receiver.
         for change in self.events_due.drain(..) {
-            let _ = self.publish.changes.send(change);
+            let _ = self.publish.changes.send(Arc::new(change));
         }
         self.published = Instant::now();
         let cost = self.published.saturating_duration_since(started);
