@@ -119,17 +119,91 @@ pub fn meta_json(meta: &[(String, String)]) -> serde_json::Value {
 
 /// One instance as `roster get --json` shows it.
 pub fn instance_json(i: &InstanceView) -> serde_json::Value {
-    serde_json::json!({
-        "service": i.service,
-        "instance": i.instance,
-        "address": i.address,
-        "meta": meta_json(&i.meta),
-        "status": i.status,
-        "note": i.note,
-        "node": i.node,
-        "registered_at": rfc3339(i.registered_at_ms),
-        "lease_expires_at": rfc3339(i.lease_expires_at_ms),
-    })
+    serde_json::to_value(InstanceJson::of_view(i)).unwrap_or_default()
+}
+
+/// One instance as `roster get --json` and the HTTP API show it, written straight from
+/// what it borrows: a large list is encoded without a copy of each instance or a
+/// `serde_json::Value` per field (10,000 instances are 2.3 MB of JSON). Fields in
+/// alphabetical order, as a `serde_json::Value` object writes them.
+#[derive(Serialize)]
+pub struct InstanceJson<'a> {
+    address: &'a str,
+    instance: &'a str,
+    lease_expires_at: Rfc3339,
+    meta: Meta<'a>,
+    node: &'a str,
+    note: &'a str,
+    registered_at: Rfc3339,
+    service: &'a str,
+    status: &'a str,
+}
+
+impl<'a> InstanceJson<'a> {
+    /// From an instance of the local replica.
+    pub fn of(i: &'a roster::Instance) -> Self {
+        Self {
+            address: &i.address,
+            instance: &i.id,
+            lease_expires_at: Rfc3339(wall_ms(i.lease_expires_at)),
+            meta: Meta::Map(&i.meta),
+            node: &i.node,
+            note: &i.note,
+            registered_at: Rfc3339(wall_ms(i.registered_at)),
+            service: &i.service,
+            status: i.status.as_str(),
+        }
+    }
+
+    /// From an instance as the client protocol carries it.
+    pub fn of_view(i: &'a InstanceView) -> Self {
+        Self {
+            address: &i.address,
+            instance: &i.instance,
+            lease_expires_at: Rfc3339(i.lease_expires_at_ms),
+            meta: Meta::Pairs(&i.meta),
+            node: &i.node,
+            note: &i.note,
+            registered_at: Rfc3339(i.registered_at_ms),
+            service: &i.service,
+            status: &i.status,
+        }
+    }
+}
+
+/// Metadata, written as a JSON object with its keys sorted (the last of a repeated key wins).
+enum Meta<'a> {
+    Map(&'a std::collections::BTreeMap<String, String>),
+    Pairs(&'a [(String, String)]),
+}
+
+impl Serialize for Meta<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Map(m) => s.collect_map(m.iter()),
+            Self::Pairs(p) => {
+                let sorted: std::collections::BTreeMap<&str, &str> =
+                    p.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                s.collect_map(sorted)
+            }
+        }
+    }
+}
+
+/// Wall milliseconds, written as [`rfc3339`] gives them, without a `String` of their own.
+struct Rfc3339(u64);
+
+impl Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_rfc3339_millis(
+            UNIX_EPOCH + Duration::from_millis(self.0),
+        ))
+    }
+}
+
+fn wall_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Instances as `roster get` prints them: a table, a row each.
@@ -295,6 +369,28 @@ mod tests {
         assert_eq!(
             escape("a\nb\r\u{1b}[31mc\u{9b}d\u{202e}e\u{7f}"),
             "a\\nb\\r\\u{1b}[31mc\\u{9b}d\\u{202e}e\\u{7f}"
+        );
+    }
+
+    #[test]
+    fn an_instance_is_written_the_same_from_the_replica_and_from_the_protocol() {
+        let i = roster::Instance {
+            service: "web".into(),
+            id: "web-1".into(),
+            address: "10.0.0.1:80".into(),
+            meta: [("zone".to_string(), "a\"b".to_string()), ("a".into(), "1".into())].into(),
+            status: roster::registry::Health::Maintenance,
+            note: "deploy 42".into(),
+            node: "3b94983390832086".into(),
+            registered_at: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
+            lease_expires_at: UNIX_EPOCH + Duration::from_millis(1_764_000_030_456),
+        };
+        let direct = serde_json::to_string(&InstanceJson::of(&i)).unwrap();
+        let via_value = serde_json::to_string(&instance_json(&i.view())).unwrap();
+        assert_eq!(direct, via_value);
+        assert_eq!(
+            direct,
+            r#"{"address":"10.0.0.1:80","instance":"web-1","lease_expires_at":"2025-11-24T16:00:30.456Z","meta":{"a":"1","zone":"a\"b"},"node":"3b94983390832086","note":"deploy 42","registered_at":"2025-11-24T16:00:00.123Z","service":"web","status":"maintenance"}"#
         );
     }
 }

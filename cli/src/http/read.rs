@@ -111,7 +111,7 @@ pub fn index(list: &[roster::Instance]) -> u64 {
 }
 
 fn answer(list: &[roster::Instance]) -> Response {
-    let body: Vec<serde_json::Value> = list.iter().map(|i| output::instance_json(&i.view())).collect();
+    let body: Vec<output::InstanceJson<'_>> = list.iter().map(output::InstanceJson::of).collect();
     let mut r = Json(body).into_response();
     if let Ok(v) = HeaderValue::from_str(&index(list).to_string()) {
         r.headers_mut().insert(INDEX_HEADER, v);

@@ -80,7 +80,7 @@ pub fn events(
                 if let Some(id) = resume::event_id(&shown) {
                     sse = sse.id(id);
                 }
-                let sse = sse.data(data.to_string());
+                let sse = sse.data(data);
                 return Some((Ok(sse), (changes, shown, q, stop)));
             }
         }
@@ -94,10 +94,10 @@ fn event(
     shown: &mut BTreeMap<String, u64>,
     q: &ServiceQuery,
     e: roster::Event,
-) -> Option<(&'static str, serde_json::Value)> {
+) -> Option<(&'static str, String)> {
     let down = |service: &str, id: &str, address: &str| {
         let data = serde_json::json!({ "service": service, "instance": id, "address": address });
-        ("down", data)
+        ("down", data.to_string())
     };
     match e {
         roster::Event::Up(i) | roster::Event::Status(i) if !q.admits(&i) => {
@@ -116,8 +116,8 @@ fn instance(
     shown: &mut BTreeMap<String, u64>,
     kind: &'static str,
     i: &roster::Instance,
-) -> (&'static str, serde_json::Value) {
-    let view = i.view();
-    shown.insert(i.id.clone(), roster::api::fingerprint(&view));
-    (kind, output::instance_json(&view))
+) -> (&'static str, String) {
+    shown.insert(i.id.clone(), roster::api::fingerprint(&i.view()));
+    let data = serde_json::to_string(&output::InstanceJson::of(i)).unwrap_or_default();
+    (kind, data)
 }

@@ -93,6 +93,27 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Copied straight out of the replica (one copy, where `to_owned` then
+    /// [`Instance::from_registry`] made two: a read of 10,000 instances is mostly copies).
+    pub(super) fn from_ref(i: &roster_registry::InstanceRef<'_>) -> Self {
+        let r = i.registration;
+        Self {
+            service: i.service.as_str().to_string(),
+            id: i.provider.as_str().to_string(),
+            address: r.endpoint.to_string(),
+            meta: r
+                .meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            status: r.status.health,
+            note: r.status.note.clone(),
+            node: i.node().to_string(),
+            registered_at: at(r.since_ms),
+            lease_expires_at: at(i.lease.deadline_ms()),
+        }
+    }
+
     pub(super) fn from_registry(i: &roster_registry::Instance) -> Self {
         Self {
             service: i.service.as_str().to_string(),
