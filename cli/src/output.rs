@@ -238,12 +238,22 @@ pub fn instances(list: &[InstanceView]) {
 
 /// `1.2s ago`.
 pub fn ago(ms: u64) -> String {
+    format!("{} ago", span(ms))
+}
+
+/// A span still to come, as `roster members` shows a lease: `in 12.4s`.
+pub fn within(ms: u64) -> String {
+    format!("in {}", span(ms))
+}
+
+/// `Nms` under a second, `N.Ns` under two minutes, then `Nm`.
+fn span(ms: u64) -> String {
     if ms < 1_000 {
-        format!("{ms}ms ago")
+        format!("{ms}ms")
     } else if ms < 120_000 {
-        format!("{:.1}s ago", ms as f64 / 1000.0)
+        format!("{:.1}s", ms as f64 / 1000.0)
     } else {
-        format!("{}m ago", ms / 60_000)
+        format!("{}m", ms / 60_000)
     }
 }
 

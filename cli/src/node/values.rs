@@ -200,6 +200,14 @@ pub struct Member {
     pub state: MemberState,
     /// How long ago it was last heard of.
     pub last_heard: Duration,
+    /// How long its membership lease has left unless renewed; `None` for a node that left
+    /// or failed.
+    pub lease_left: Option<Duration>,
+    /// How long ago this node last exchanged state with it directly: took a change, an
+    /// acknowledgement, a digest or a state hash from it over a connection. `None` for
+    /// this node itself, and for a node it has had no connection with since it started
+    /// (what it holds of such a node came through others).
+    pub synced: Option<Duration>,
 }
 
 impl Member {
@@ -211,6 +219,8 @@ impl Member {
             address: self.address.clone(),
             state: self.state.as_str().to_string(),
             last_heard_ms: ms_of(self.last_heard),
+            lease_left_ms: self.lease_left.map(ms_of),
+            synced_ms: self.synced.map(ms_of),
         }
     }
 }
