@@ -409,7 +409,15 @@ pub async fn members(c: &ClientArgs) -> Result<(), Fail> {
                     })
                     .collect();
                 output::table(
-                    &["NAME", "NODE", "ADDRESS", "STATE", "LAST HEARD", "LEASE", "SYNCED"],
+                    &[
+                        "NAME",
+                        "NODE",
+                        "ADDRESS",
+                        "STATE",
+                        "LAST HEARD",
+                        "LEASE",
+                        "SYNCED",
+                    ],
                     rows,
                 );
             }

@@ -128,46 +128,117 @@ pub fn instance_json(i: &InstanceView) -> serde_json::Value {
 /// alphabetical order, as a `serde_json::Value` object writes them.
 #[derive(Serialize)]
 pub struct InstanceJson<'a> {
-    address: &'a str,
-    instance: &'a str,
-    lease_expires_at: Rfc3339,
-    meta: Meta<'a>,
-    node: &'a str,
-    note: &'a str,
-    registered_at: Rfc3339,
-    service: &'a str,
-    status: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    address: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_expires_at: Option<Rfc3339>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<Meta<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    registered_at: Option<Rfc3339>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a str>,
+}
+
+/// The fields of an instance as JSON shows it, by name: what `?fields=` chooses from.
+pub const INSTANCE_FIELDS: [&str; 9] = [
+    "address",
+    "instance",
+    "lease_expires_at",
+    "meta",
+    "node",
+    "note",
+    "registered_at",
+    "service",
+    "status",
+];
+
+/// A choice among [`INSTANCE_FIELDS`] (`?fields=instance,address`): a bit for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields(u16);
+
+impl Fields {
+    /// Reads `instance,address,...`; the message names a field it does not know.
+    pub fn parse(list: &str) -> Result<Fields, String> {
+        let mut bits = 0;
+        for name in list.split(',').map(str::trim) {
+            let at = INSTANCE_FIELDS.iter().position(|f| *f == name).ok_or_else(|| {
+                format!(
+                    "no instance field {name:?} (fields is a comma-separated list of {})",
+                    INSTANCE_FIELDS.join(", ")
+                )
+            })?;
+            bits |= 1 << at;
+        }
+        Ok(Fields(bits))
+    }
+
+    fn has(self, name: &str) -> bool {
+        INSTANCE_FIELDS
+            .iter()
+            .position(|f| *f == name)
+            .is_some_and(|at| self.0 & (1 << at) != 0)
+    }
 }
 
 impl<'a> InstanceJson<'a> {
     /// From an instance of the local replica.
     pub fn of(i: &'a roster::Instance) -> Self {
         Self {
-            address: &i.address,
-            instance: &i.id,
-            lease_expires_at: Rfc3339(wall_ms(i.lease_expires_at)),
-            meta: Meta::Map(&i.meta),
-            node: &i.node,
-            note: &i.note,
-            registered_at: Rfc3339(wall_ms(i.registered_at)),
-            service: &i.service,
-            status: i.status.as_str(),
+            address: Some(&i.address),
+            instance: Some(&i.id),
+            lease_expires_at: Some(Rfc3339(wall_ms(i.lease_expires_at))),
+            meta: Some(Meta::Map(&i.meta)),
+            node: Some(&i.node),
+            note: Some(&i.note),
+            registered_at: Some(Rfc3339(wall_ms(i.registered_at))),
+            service: Some(&i.service),
+            status: Some(i.status.as_str()),
         }
     }
 
     /// From an instance as the client protocol carries it.
     pub fn of_view(i: &'a InstanceView) -> Self {
         Self {
-            address: &i.address,
-            instance: &i.instance,
-            lease_expires_at: Rfc3339(i.lease_expires_at_ms),
-            meta: Meta::Pairs(&i.meta),
-            node: &i.node,
-            note: &i.note,
-            registered_at: Rfc3339(i.registered_at_ms),
-            service: &i.service,
-            status: &i.status,
+            address: Some(&i.address),
+            instance: Some(&i.instance),
+            lease_expires_at: Some(Rfc3339(i.lease_expires_at_ms)),
+            meta: Some(Meta::Pairs(&i.meta)),
+            node: Some(&i.node),
+            note: Some(&i.note),
+            registered_at: Some(Rfc3339(i.registered_at_ms)),
+            service: Some(&i.service),
+            status: Some(&i.status),
         }
+    }
+
+    /// Only the fields `f` chooses; every field when `f` is `None`.
+    #[must_use]
+    pub fn only(mut self, f: Option<Fields>) -> Self {
+        let Some(f) = f else { return self };
+        fn keep<T>(f: Fields, name: &str, v: &mut Option<T>) {
+            if !f.has(name) {
+                *v = None;
+            }
+        }
+        keep(f, "address", &mut self.address);
+        keep(f, "instance", &mut self.instance);
+        keep(f, "lease_expires_at", &mut self.lease_expires_at);
+        keep(f, "meta", &mut self.meta);
+        keep(f, "node", &mut self.node);
+        keep(f, "note", &mut self.note);
+        keep(f, "registered_at", &mut self.registered_at);
+        keep(f, "service", &mut self.service);
+        keep(f, "status", &mut self.status);
+        self
     }
 }
 
@@ -398,6 +469,12 @@ mod tests {
         let direct = serde_json::to_string(&InstanceJson::of(&i)).unwrap();
         let via_value = serde_json::to_string(&instance_json(&i.view())).unwrap();
         assert_eq!(direct, via_value);
+        let some = Fields::parse("status,instance").unwrap();
+        assert_eq!(
+            serde_json::to_string(&InstanceJson::of(&i).only(Some(some))).unwrap(),
+            r#"{"instance":"web-1","status":"maintenance"}"#
+        );
+        assert!(Fields::parse("instance,lease").unwrap_err().contains("\"lease\""));
         assert_eq!(
             direct,
             r#"{"address":"10.0.0.1:80","instance":"web-1","lease_expires_at":"2025-11-24T16:00:30.456Z","meta":{"a":"1","zone":"a\"b"},"node":"3b94983390832086","note":"deploy 42","registered_at":"2025-11-24T16:00:00.123Z","service":"web","status":"maintenance"}"#

@@ -8,6 +8,8 @@ const MAX_CHANGES = 500;
 const SUMMARY_WAIT = '60s';
 /** How long a fresh stream is quiet before what it did not send is dropped. */
 const QUIET_MS = 500;
+/** What a service's list reads of each instance: what its rows show and its filters match. */
+const ROW_FIELDS = 'instance,address,status,meta,node';
 /** How often the Members view reads again while it is shown. */
 const MEMBERS_EVERY_MS = 5000;
 
@@ -404,7 +406,8 @@ function showService(name) {
   }
   let stop = null;
   let left = false;
-  api(`/v1/services/${enc(name)}?all`)
+  // Only the fields a row shows: half the bytes to send and parse.
+  api(`/v1/services/${enc(name)}?all&fields=${ROW_FIELDS}`)
     .then((r) => {
       for (const d of r.body) up(d);
       changed();

@@ -103,8 +103,8 @@ fn event(
         roster::Event::Up(i) | roster::Event::Status(i) if !q.admits(&i) => {
             shown.remove(&i.id).map(|_| down(&i.service, &i.id, &i.address))
         }
-        roster::Event::Status(i) if shown.contains_key(&i.id) => Some(instance(shown, "status", &i)),
-        roster::Event::Up(i) | roster::Event::Status(i) => Some(instance(shown, "up", &i)),
+        roster::Event::Status(i) if shown.contains_key(&i.id) => Some(instance(shown, "status", &i, q)),
+        roster::Event::Up(i) | roster::Event::Status(i) => Some(instance(shown, "up", &i, q)),
         roster::Event::Down { service, id, address } => {
             shown.remove(&id).map(|_| down(&service, &id, &address))
         }
@@ -116,8 +116,9 @@ fn instance(
     shown: &mut BTreeMap<String, u64>,
     kind: &'static str,
     i: &roster::Instance,
+    q: &ServiceQuery,
 ) -> (&'static str, String) {
     shown.insert(i.id.clone(), roster::api::fingerprint(&i.view()));
-    let data = serde_json::to_string(&output::InstanceJson::of(i)).unwrap_or_default();
+    let data = serde_json::to_string(&output::InstanceJson::of(i).only(q.fields)).unwrap_or_default();
     (kind, data)
 }

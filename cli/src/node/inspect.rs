@@ -23,7 +23,11 @@ impl Node {
         let exchanged: BTreeMap<ReplicaId, u64> = self.inner.handle.exchanged().await?.into_iter().collect();
         let replica = self.inner.handle.replica();
         let now = now_ms();
-        let synced = |id: ReplicaId| exchanged.get(&id).map(|t| Duration::from_millis(now.saturating_sub(*t)));
+        let synced = |id: ReplicaId| {
+            exchanged
+                .get(&id)
+                .map(|t| Duration::from_millis(now.saturating_sub(*t)))
+        };
         let mut out = Vec::new();
         let mut live = std::collections::BTreeSet::new();
         for m in proto::live_members(&replica, now) {
