@@ -28,6 +28,8 @@ import time
 
 from selenium import webdriver
 from selenium.webdriver.common.by import By
+from selenium.common.exceptions import (NoSuchElementException, StaleElementReferenceException,
+                                        TimeoutException)
 from selenium.webdriver.support.ui import WebDriverWait
 
 # Generous: a loaded CI machine must not fail a check that is only slow.
@@ -94,10 +96,19 @@ def browser():
     return webdriver.Chrome(options=opts, service=service)
 
 
+# What a check may meet while the page redraws: an element not there yet, or replaced
+# between finding it and reading it. Not yet, not a failure: the check is asked again.
+REDRAWN = (NoSuchElementException, StaleElementReferenceException)
+
+
 def wait(driver, what, pred):
+    """`pred(driver)` once it is true, asked every 20 ms. Fails only at the deadline: an
+    element replaced under a check (the page redrew it) is asked again, not taken as the
+    check's failure."""
     try:
-        return WebDriverWait(driver, DEADLINE_S, poll_frequency=0.02).until(lambda d: pred(d))
-    except Exception:
+        return WebDriverWait(driver, DEADLINE_S, poll_frequency=0.02,
+                             ignored_exceptions=REDRAWN).until(lambda d: pred(d))
+    except TimeoutException:
         try:
             page = driver.find_element(By.TAG_NAME, "body").text
         except Exception:
