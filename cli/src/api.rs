@@ -25,7 +25,7 @@ use crate::check::Check;
 /// transport, which hands over each connection that asks for it after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
 /// The version byte every client-protocol message starts with.
-pub const CLIENT_PROTOCOL_VERSION: u8 = 3;
+pub const CLIENT_PROTOCOL_VERSION: u8 = 4;
 /// The nonce length of the client authentication.
 pub const NONCE_LEN: usize = 32;
 /// The label of the client's proof.
@@ -276,6 +276,14 @@ pub struct MemberView {
     pub state: String,
     /// Milliseconds since it was last heard of.
     pub last_heard_ms: u64,
+    /// Milliseconds its membership lease has left unless renewed; `None` (JSON `null`)
+    /// for a node that left or failed.
+    pub lease_left_ms: Option<u64>,
+    /// Milliseconds since this agent last exchanged state with it directly (took a
+    /// change, an acknowledgement, a digest or a state hash from it over a connection);
+    /// `None` for the agent itself and for a node it has had no connection with since it
+    /// started.
+    pub synced_ms: Option<u64>,
 }
 
 /// A connected peer.

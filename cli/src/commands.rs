@@ -403,10 +403,23 @@ pub async fn members(c: &ClientArgs) -> Result<(), Fail> {
                             m.address.clone(),
                             m.state.clone(),
                             output::ago(m.last_heard_ms),
+                            m.lease_left_ms.map_or_else(|| "-".to_string(), output::within),
+                            m.synced_ms.map_or_else(|| "-".to_string(), output::ago),
                         ]
                     })
                     .collect();
-                output::table(&["NAME", "NODE", "ADDRESS", "STATE", "LAST HEARD"], rows);
+                output::table(
+                    &[
+                        "NAME",
+                        "NODE",
+                        "ADDRESS",
+                        "STATE",
+                        "LAST HEARD",
+                        "LEASE",
+                        "SYNCED",
+                    ],
+                    rows,
+                );
             }
             Ok(())
         }

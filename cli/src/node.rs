@@ -393,7 +393,7 @@ impl Node {
         let replica = self.inner.handle.replica();
         replica
             .instances(&name, now_ms())
-            .map(|i| Instance::from_registry(&i.to_owned()))
+            .map(|i| Instance::from_ref(&i))
             .collect()
     }
 

@@ -8,6 +8,8 @@ const MAX_CHANGES = 500;
 const SUMMARY_WAIT = '60s';
 /** How long a fresh stream is quiet before what it did not send is dropped. */
 const QUIET_MS = 500;
+/** What a service's list reads of each instance: what its rows show and its filters match. */
+const ROW_FIELDS = 'instance,address,status,meta,node';
 /** How often the Members view reads again while it is shown. */
 const MEMBERS_EVERY_MS = 5000;
 
@@ -206,6 +208,8 @@ async function loadNodes() {
 
 const nodeName = (id) => state.nodes.get(id) ?? id;
 const when = (t) => (t ? new Date(t).toLocaleString() : '');
+/** A span as `roster members` shows one: `412 ms`, `27.1 s`, then whole minutes. */
+const span = (ms) => (ms < 1000 ? `${ms} ms` : ms < 120000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.floor(ms / 60000)} min`);
 const metaText = (m) => Object.entries(m || {}).map(([k, v]) => `${k}=${v}`).join(', ');
 
 /** `key:value` as a pair, or null; throws a message saying what to type. */
@@ -402,7 +406,8 @@ function showService(name) {
   }
   let stop = null;
   let left = false;
-  api(`/v1/services/${enc(name)}?all`)
+  // Only the fields a row shows: half the bytes to send and parse.
+  api(`/v1/services/${enc(name)}?all&fields=${ROW_FIELDS}`)
     .then((r) => {
       for (const d of r.body) up(d);
       changed();
@@ -448,9 +453,11 @@ function showInstance(service, id) {
     h('h2', {}, 'Provenance (as roster explain gives it)'), provenance,
   );
   let last = '';
+  let buttonsFor = null; // whether the buttons shown are for an instance in maintenance
   function show(i) {
-    // The page's GET and the stream's first event bring the same: drawn once, so a button
-    // is not replaced under the pointer.
+    // The page's GET and the stream's first event bring the same (or only a renewed
+    // lease): drawn once, and the buttons only when what they do changes, so a button is
+    // not replaced under the pointer.
     const now = JSON.stringify(i);
     if (now === last) return;
     last = now;
@@ -460,6 +467,8 @@ function showInstance(service, id) {
         ['Lease ends', when(i.lease_expires_at)], ['Metadata', metaText(i.meta) || '—']]
         .flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
     const inMaint = i.status === 'maintenance';
+    if (buttonsFor === inMaint) return;
+    buttonsFor = inMaint;
     actions.replaceChildren(
       h('button', { type: 'button', id: 'maintenance', onclick: () => act(inMaint ? 'DELETE' : 'PUT', `${path}/maintenance`, inMaint ? `Take ${id} out of maintenance?` : `Put ${id} in maintenance (out of reads)?`) },
         inMaint ? 'Maintenance off' : 'Maintenance on'),
@@ -468,6 +477,7 @@ function showInstance(service, id) {
   }
   function gone() {
     last = '';
+    buttonsFor = null;
     facts.replaceChildren(h('p', { class: 'muted' }, `${id} is not live on this agent (deregistered, or its lease ended).`));
     actions.replaceChildren();
   }
@@ -493,13 +503,26 @@ function showInstance(service, id) {
     }
   }
   explain();
-  api(path).then((r) => show(r.body), gone);
-  return follow(`/v1/services/${enc(service)}?watch&all`, (kind, data) => {
-    const d = JSON.parse(data);
-    if (d.instance !== id) return;
-    if (kind === 'down') gone();
-    else show(d);
-  });
+  // The stream opens once the read is shown: it starts with the instance as it is then,
+  // so nothing the read missed is lost, and no late answer to the read can draw an older
+  // state over a change the stream already brought.
+  let stop = null;
+  let left = false;
+  api(path)
+    .then((r) => show(r.body), gone)
+    .finally(() => {
+      if (left) return;
+      stop = follow(`/v1/services/${enc(service)}?watch&all`, (kind, data) => {
+        const d = JSON.parse(data);
+        if (d.instance !== id) return;
+        if (kind === 'down') gone();
+        else show(d);
+      });
+    });
+  return () => {
+    left = true;
+    stop?.();
+  };
 }
 
 // ---- Members and this agent.
@@ -521,12 +544,15 @@ async function drawMembers(box) {
   try {
     const [{ body: members }, { body: me }] = await Promise.all([api('/v1/members'), api('/v1/status')]);
     for (const m of members) state.nodes.set(m.node, m.name);
-    const table = (cols, rows) => h('table', {}, h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c))))));
+    // Wide tables scroll inside their box, so the page itself never scrolls sideways.
+    const table = (cols, rows) => h('div', { class: 'wide' }, h('table', {}, h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
+      h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c)))))));
     const scalars = Object.entries(me).filter(([, v]) => typeof v !== 'object' || v === null);
     const counters = Object.entries(me.counters || {});
     box.replaceChildren(
-      table(['Name', 'Node', 'Address', 'State', 'Last heard'], members.map((m) => [m.name, m.node, m.address, h('span', { class: m.state === 'alive' ? 'passing' : 'critical' }, m.state), `${m.last_heard_ms} ms ago`])),
+      table(['Name', 'Node', 'Address', 'State', 'Last heard', 'Lease', 'Synced'], members.map((m) => [m.name, m.node, m.address,
+        h('span', { class: m.state === 'alive' ? 'passing' : 'critical' }, m.state), `${span(m.last_heard_ms)} ago`,
+        m.lease_left_ms == null ? '—' : `in ${span(m.lease_left_ms)}`, m.synced_ms == null ? '—' : `${span(m.synced_ms)} ago`])),
       h('h2', {}, `This agent: ${me.name}`),
       h('dl', { class: 'kv' }, scalars.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, String(v))])),
       h('h2', {}, 'Peers'),

@@ -7,8 +7,11 @@ Starts agents a and b on free loopback ports (stopped by pid at the end), drives
 on a with Selenium, and checks what issue 32 asks: the page lists what the CLI registered
 on b; a new registration appears without a reload; a failing health check turns an
 instance critical; maintenance switched on from the page is seen by `roster get --all`; a
-restart of a shows "reconnecting" and then the same data; the console has no errors. With
---screenshots it saves the main views there (docs/guide/ui.md shows them).
+restart of a shows "reconnecting" and then the same data; the console has no errors; the
+members show their lease and when a synced with each; an instance's read answered late
+does not hide a change; light and dark follow the system with readable contrast; every main
+view fits a phone's width. With --screenshots it saves the main views there, at a phone's
+width and dark too (docs/guide/ui.md shows them).
 
 It asserts behaviour, never durations: every wait is a generous deadline for something to
 appear. Exit 0 when every check passed; the first failure is printed and exits 1.
@@ -25,6 +28,8 @@ import time
 
 from selenium import webdriver
 from selenium.webdriver.common.by import By
+from selenium.common.exceptions import (NoSuchElementException, StaleElementReferenceException,
+                                        TimeoutException)
 from selenium.webdriver.support.ui import WebDriverWait
 
 # Generous: a loaded CI machine must not fail a check that is only slow.
@@ -91,10 +96,19 @@ def browser():
     return webdriver.Chrome(options=opts, service=service)
 
 
+# What a check may meet while the page redraws: an element not there yet, or replaced
+# between finding it and reading it. Not yet, not a failure: the check is asked again.
+REDRAWN = (NoSuchElementException, StaleElementReferenceException)
+
+
 def wait(driver, what, pred):
+    """`pred(driver)` once it is true, asked every 20 ms. Fails only at the deadline: an
+    element replaced under a check (the page redrew it) is asked again, not taken as the
+    check's failure."""
     try:
-        return WebDriverWait(driver, DEADLINE_S, poll_frequency=0.02).until(lambda d: pred(d))
-    except Exception:
+        return WebDriverWait(driver, DEADLINE_S, poll_frequency=0.02,
+                             ignored_exceptions=REDRAWN).until(lambda d: pred(d))
+    except TimeoutException:
         try:
             page = driver.find_element(By.TAG_NAME, "body").text
         except Exception:
@@ -120,6 +134,72 @@ def confirm(driver):
     ok.click()
 
 
+# Holds the answer to the page's read of one instance (GET .../instances/ID) until the test
+# calls window.releaseRead(), and counts the event streams the page opens: the test makes
+# the read's answer arrive late, after a change, as a loaded machine may.
+HOLD_READ = """
+    const plain = window.fetch.bind(window);
+    window.streams = 0;
+    window.fetch = async (url, opts = {}) => {
+        const r = await plain(url, opts);
+        if ((opts.headers || {}).Accept === 'text/event-stream') window.streams++;
+        if (String(url).endsWith('/instances/' + %s) && !opts.method) {
+            window.readHeld = true;
+            await new Promise((done) => (window.releaseRead = done));
+            const json = r.json.bind(r);
+            r.json = async () => {
+                const body = await json();
+                setTimeout(() => (window.readShown = true), 0); // after the page drew it
+                return body;
+            };
+        }
+        return r;
+    };"""
+
+
+def late_read(driver, a):
+    """The instance view's read answered after a change the stream brought must not draw
+    the older state over it (a missed change: the page would show it until the next)."""
+    a.roster("register", "late", "127.0.0.1:2", "--id", "late-1")
+    script = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                    {"source": HOLD_READ % '"late-1"'})
+    try:
+        driver.get("about:blank")
+        driver.get(a.http + "/ui/#/instance/late/late-1")
+        wait(driver, "the page read late-1", lambda d: d.execute_script("return window.readHeld === true"))
+        a.roster("maint", "enable", "late", "late-1", "--reason", "late read")
+        # A page that follows the stream while its read is out sees the change first.
+        wait(driver, "the page shows the change, or waits for its read before the stream",
+             lambda d: d.execute_script("return window.streams === 0")
+             or d.find_element(By.ID, "status").text == "maintenance")
+        driver.execute_script("window.releaseRead()")
+        wait(driver, "the read's answer is drawn", lambda d: d.execute_script("return window.readShown === true"))
+        wait(driver, "late-1 shows maintenance after the late read",
+             lambda d: (e := d.find_elements(By.ID, "status")) and e[0].text == "maintenance")
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", script)
+    driver.get("about:blank")
+    check("a read answered late does not hide a change the stream brought")
+
+
+def members_show_lease_and_synced(driver):
+    """The members table as {name: {column: text}}: a's lease runs and it is not synced
+    with itself; b's lease runs and a has synced with it."""
+    rows = driver.execute_script("""
+        const t = document.querySelector('main table');
+        if (!t) return {};
+        const cols = [...t.querySelectorAll('thead th')].map((th) => th.textContent);
+        const out = {};
+        for (const tr of t.querySelectorAll('tbody tr')) {
+            const cells = [...tr.children].map((td) => td.textContent);
+            out[cells[0]] = Object.fromEntries(cols.map((c, i) => [c, cells[i]]));
+        }
+        return out;""")
+    a, b = rows.get("a"), rows.get("b")
+    return bool(a and b and a["Lease"].startswith("in ") and a["Synced"] == "\u2014"
+                and b["Lease"].startswith("in ") and b["Synced"].endswith(" ago"))
+
+
 def fail_on_error(driver):
     """Stops the wait with the page's own error, when it shows one."""
     shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".error") if e.text]
@@ -136,6 +216,99 @@ def shot(driver, args, name):
 
 def check(name):
     print(f"ok: {name}", flush=True)
+
+
+# The relative luminance of the computed colour `rgb(r, g, b)` (WCAG 2), and the contrast
+# ratio of two of them.
+LUMINANCE = """
+    const lum = (c) => {
+        const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map((v) => {
+            const s = v / 255;
+            return s <= 0.04045 ? s / 12.92 : ((s + 0.055) / 1.055) ** 2.4;
+        });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const ratio = (a, b) => (Math.max(lum(a), lum(b)) + 0.05) / (Math.min(lum(a), lum(b)) + 0.05);
+"""
+
+
+def colours(driver):
+    """The body's background luminance, and the contrast of each kind of text on it."""
+    return driver.execute_script(LUMINANCE + """
+        const bg = getComputedStyle(document.body).backgroundColor;
+        const out = { background: lum(bg), text: {} };
+        const probe = document.createElement('span');
+        document.querySelector('main').append(probe);
+        for (const cls of ['', 'muted', 'passing', 'warning', 'critical', 'maintenance', 'error']) {
+            probe.className = cls;
+            out.text[cls || 'body'] = ratio(getComputedStyle(probe).color, bg);
+        }
+        const link = document.querySelector('nav a');
+        out.text.link = ratio(getComputedStyle(link).color, bg);
+        probe.remove();
+        return out;""")
+
+
+def check_contrast(driver, scheme):
+    c = colours(driver)
+    low = {k: round(v, 2) for k, v in c["text"].items() if v < 4.5}
+    assert not low, f"{scheme}: text with a contrast under 4.5 on the background: {low}"
+    return c
+
+
+def fits(driver, view):
+    """Nothing on the page is wider than the viewport (no sideways scroll)."""
+    w = driver.execute_script("return [document.documentElement.scrollWidth, innerWidth]")
+    assert w[0] <= w[1], f"{view} at a phone's width: the page is {w[0]} px wide in a {w[1]} px viewport"
+
+
+def visible(driver, css):
+    """Whether the first element matching `css` is shown, inside the viewport's width."""
+    return driver.execute_script("""
+        const e = document.querySelector(arguments[0]);
+        if (!e) return false;
+        const r = e.getBoundingClientRect();
+        return r.width > 0 && r.height > 0 && r.left >= 0 && r.right <= innerWidth;""", css)
+
+
+def phone_and_dark(driver, a, args):
+    """At a phone's viewport every main view fits its width and its controls are in view;
+    light and dark follow the system's setting, each with readable text."""
+    driver.get(a.http + "/ui/#/service/web")
+    wait(driver, "web lists web-1", lambda d: "web-1" in text(d))
+    light = check_contrast(driver, "light")
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                           {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    try:
+        dark = wait(driver, "the page turns dark", lambda d: (c := colours(d))["background"] < 0.05 and c)
+        check_contrast(driver, "dark")
+        assert light["background"] > 0.9, f"the light background is not light: {light['background']:.2f}"
+        check("light and dark follow the system, with readable text")
+        shot(driver, args, "dark")
+    finally:
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    assert dark
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True})
+    try:
+        views = [
+            ("services", "#/services", lambda d: "web" in text(d), ["nav a[href='#/members']", "main input"]),
+            ("a service", "#/service/web", lambda d: "web-1" in text(d), [".grid .row span", "main input"]),
+            ("an instance", "#/instance/web/web-1", lambda d: "acknowledged_by" in text(d), ["#status", "#deregister"]),
+            ("members", "#/members", lambda d: "This agent: a" in text(d), ["main table td"]),
+            ("changes", "#/changes", lambda d: "db" in text(d), ["ol.changes li"]),
+        ]
+        for name, route, shown, controls in views:
+            driver.get(a.http + "/ui/" + route)
+            wait(driver, f"{name} shows at a phone's width", shown)
+            fits(driver, name)
+            for css in controls:
+                assert visible(driver, css), f"{name} at a phone's width: {css} is not in view"
+            if name == "a service":
+                shot(driver, args, "phone")
+        check("every main view fits a phone's width, its controls in view")
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def run(args, root):
@@ -182,13 +355,17 @@ def run(args, root):
 
         driver.get(a.http + "/ui/#/members")
         wait(driver, "the members list a and b", lambda d: "This agent: a" in text(d) and "alive" in text(d))
+        wait(driver, "each member shows its lease and when a last synced with it", members_show_lease_and_synced)
+        check("the members show their lease and when this agent synced with each")
         shot(driver, args, "members")
         driver.get(a.http + "/ui/#/changes")
         wait(driver, "the changes list db going critical", lambda d: "db" in text(d) and "critical" in text(d))
         shot(driver, args, "changes")
+        phone_and_dark(driver, a, args)
 
         errors = console_errors(driver)
         assert not errors, f"console errors: {errors}"
+        late_read(driver, a)
 
         driver.get(a.http + "/ui/#/service/web")
         wait(driver, "web lists three instances", lambda d: all(i in text(d) for i in ("web-1", "web-2", "web-a")))

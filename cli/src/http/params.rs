@@ -10,6 +10,7 @@ use roster::registry::{ProviderId, ServiceName};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use crate::output::Fields;
 
 /// Path parameters, with a JSON error when they do not decode.
 pub struct Params<T>(pub T);
@@ -78,6 +79,8 @@ pub struct ServiceQuery {
     pub index: Option<u64>,
     /// `?wait=30s`: how long a blocking query waits at most.
     pub wait: Duration,
+    /// `?fields=instance,address`: only these fields of each instance (every one if absent).
+    pub fields: Option<Fields>,
 }
 
 impl ServiceQuery {
@@ -106,9 +109,10 @@ impl ServiceQuery {
                 "watch" => q.watch = flag(&k, &v)?,
                 "index" => q.index = Some(index(&v)?),
                 "wait" => wait = Some(v),
+                "fields" => q.fields = Some(Fields::parse(&v).map_err(ApiError::invalid)?),
                 other => {
                     return Err(ApiError::invalid(format!(
-                        "unknown query parameter {other:?}; this endpoint takes status, meta, all, watch, index and wait"
+                        "unknown query parameter {other:?}; this endpoint takes status, meta, all, watch, index, wait and fields"
                     )))
                 }
             }

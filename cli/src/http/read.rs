@@ -49,7 +49,7 @@ pub async fn service(
     if let Some(seen) = q.index {
         watch::until_changed(&app, &name, &q, seen).await;
     }
-    Ok(answer(&select(&app.node, &name, &q)))
+    Ok(answer(&select(&app.node, &name, &q), q.fields))
 }
 
 /// `GET /v1/services/{service}/instances/{instance}`: one live instance, whatever its
@@ -110,8 +110,11 @@ pub fn index(list: &[roster::Instance]) -> u64 {
     u64::from_le_bytes(first)
 }
 
-fn answer(list: &[roster::Instance]) -> Response {
-    let body: Vec<serde_json::Value> = list.iter().map(|i| output::instance_json(&i.view())).collect();
+fn answer(list: &[roster::Instance], fields: Option<output::Fields>) -> Response {
+    let body: Vec<output::InstanceJson<'_>> = list
+        .iter()
+        .map(|i| output::InstanceJson::of(i).only(fields))
+        .collect();
     let mut r = Json(body).into_response();
     if let Ok(v) = HeaderValue::from_str(&index(list).to_string()) {
         r.headers_mut().insert(INDEX_HEADER, v);

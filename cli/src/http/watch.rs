@@ -80,7 +80,7 @@ pub fn events(
                 if let Some(id) = resume::event_id(&shown) {
                     sse = sse.id(id);
                 }
-                let sse = sse.data(data.to_string());
+                let sse = sse.data(data);
                 return Some((Ok(sse), (changes, shown, q, stop)));
             }
         }
@@ -94,17 +94,17 @@ fn event(
     shown: &mut BTreeMap<String, u64>,
     q: &ServiceQuery,
     e: roster::Event,
-) -> Option<(&'static str, serde_json::Value)> {
+) -> Option<(&'static str, String)> {
     let down = |service: &str, id: &str, address: &str| {
         let data = serde_json::json!({ "service": service, "instance": id, "address": address });
-        ("down", data)
+        ("down", data.to_string())
     };
     match e {
         roster::Event::Up(i) | roster::Event::Status(i) if !q.admits(&i) => {
             shown.remove(&i.id).map(|_| down(&i.service, &i.id, &i.address))
         }
-        roster::Event::Status(i) if shown.contains_key(&i.id) => Some(instance(shown, "status", &i)),
-        roster::Event::Up(i) | roster::Event::Status(i) => Some(instance(shown, "up", &i)),
+        roster::Event::Status(i) if shown.contains_key(&i.id) => Some(instance(shown, "status", &i, q)),
+        roster::Event::Up(i) | roster::Event::Status(i) => Some(instance(shown, "up", &i, q)),
         roster::Event::Down { service, id, address } => {
             shown.remove(&id).map(|_| down(&service, &id, &address))
         }
@@ -116,8 +116,9 @@ fn instance(
     shown: &mut BTreeMap<String, u64>,
     kind: &'static str,
     i: &roster::Instance,
-) -> (&'static str, serde_json::Value) {
-    let view = i.view();
-    shown.insert(i.id.clone(), roster::api::fingerprint(&view));
-    (kind, output::instance_json(&view))
+    q: &ServiceQuery,
+) -> (&'static str, String) {
+    shown.insert(i.id.clone(), roster::api::fingerprint(&i.view()));
+    let data = serde_json::to_string(&output::InstanceJson::of(i).only(q.fields)).unwrap_or_default();
+    (kind, data)
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use roster_registry::{ProviderId, ServiceName};
+use roster_registry::{ProviderId, ReplicaId, ServiceName};
 use roster_transport::proto;
 
 use super::{millis, now_ms, Error, Member, MemberState, Node};
@@ -12,15 +12,22 @@ use crate::api::{CountersView, ExplainView, PeerView, StatusView, WriteView};
 impl Node {
     /// The nodes of the cluster: live members (alive, or suspect when their renewal is
     /// late) and nodes gone lately, which left (their farewell is in the registry) or
-    /// failed (written dead, force-left, or their lease ended).
+    /// failed (written dead, force-left, or their lease ended). Each with its lease's end
+    /// (live members) and when this node last exchanged state with it.
     ///
     /// # Errors
     /// [`Error::Stopped`].
     pub async fn members(&self) -> Result<Vec<Member>, Error> {
         let me = self.inner.handle.info().clone();
         let known = self.inner.handle.inspect(|n, _| n.known_peers()).await?;
+        let exchanged: BTreeMap<ReplicaId, u64> = self.inner.handle.exchanged().await?.into_iter().collect();
         let replica = self.inner.handle.replica();
         let now = now_ms();
+        let synced = |id: ReplicaId| {
+            exchanged
+                .get(&id)
+                .map(|t| Duration::from_millis(now.saturating_sub(*t)))
+        };
         let mut out = Vec::new();
         let mut live = std::collections::BTreeSet::new();
         for m in proto::live_members(&replica, now) {
@@ -39,6 +46,8 @@ impl Node {
                     MemberState::Alive
                 },
                 last_heard: Duration::from_millis(if is_me { 0 } else { heard }),
+                lease_left: Some(Duration::from_millis(m.lease.deadline_ms().saturating_sub(now))),
+                synced: synced(m.id),
             });
         }
         for p in known {
@@ -56,6 +65,8 @@ impl Node {
                     MemberState::Failed
                 },
                 last_heard: Duration::from_millis(now.saturating_sub(p.last_seen_ms)),
+                lease_left: None,
+                synced: synced(p.id),
             });
         }
         out.sort_by(|a, b| (a.name.as_str(), a.node.as_str()).cmp(&(b.name.as_str(), b.node.as_str())));

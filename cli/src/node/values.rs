@@ -93,6 +93,27 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Copied straight out of the replica (one copy, where `to_owned` then
+    /// [`Instance::from_registry`] made two: a read of 10,000 instances is mostly copies).
+    pub(super) fn from_ref(i: &roster_registry::InstanceRef<'_>) -> Self {
+        let r = i.registration;
+        Self {
+            service: i.service.as_str().to_string(),
+            id: i.provider.as_str().to_string(),
+            address: r.endpoint.to_string(),
+            meta: r
+                .meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            status: r.status.health,
+            note: r.status.note.clone(),
+            node: i.node().to_string(),
+            registered_at: at(r.since_ms),
+            lease_expires_at: at(i.lease.deadline_ms()),
+        }
+    }
+
     pub(super) fn from_registry(i: &roster_registry::Instance) -> Self {
         Self {
             service: i.service.as_str().to_string(),
@@ -179,6 +200,14 @@ pub struct Member {
     pub state: MemberState,
     /// How long ago it was last heard of.
     pub last_heard: Duration,
+    /// How long its membership lease has left unless renewed; `None` for a node that left
+    /// or failed.
+    pub lease_left: Option<Duration>,
+    /// How long ago this node last exchanged state with it directly: took a change, an
+    /// acknowledgement, a digest or a state hash from it over a connection. `None` for
+    /// this node itself, and for a node it has had no connection with since it started
+    /// (what it holds of such a node came through others).
+    pub synced: Option<Duration>,
 }
 
 impl Member {
@@ -190,6 +219,8 @@ impl Member {
             address: self.address.clone(),
             state: self.state.as_str().to_string(),
             last_heard_ms: ms_of(self.last_heard),
+            lease_left_ms: self.lease_left.map(ms_of),
+            synced_ms: self.synced.map(ms_of),
         }
     }
 }

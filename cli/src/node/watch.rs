@@ -72,7 +72,7 @@ impl Node {
 fn read(replica: &roster_registry::Replica, name: &ServiceName, all: bool) -> BTreeMap<String, Instance> {
     replica
         .instances(name, now_ms())
-        .map(|i| Instance::from_registry(&i.to_owned()))
+        .map(|i| Instance::from_ref(&i))
         .filter(|i| all || i.is_served())
         .map(|i| (i.id.clone(), i))
         .collect()

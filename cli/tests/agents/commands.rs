@@ -358,7 +358,24 @@ fn status_members_explain_and_sync_answer_in_json() {
         .as_array()
         .unwrap()
         .iter()
-        .all(|x| x["state"] == "alive" && x["last_heard_ms"].is_u64()));
+        .all(|x| x["state"] == "alive" && x["last_heard_ms"].is_u64() && x["lease_left_ms"].is_u64()));
+    // Synced: when a last took state from b over their connection; a is itself.
+    within(
+        Duration::from_secs(5),
+        "a says when it last synced with b",
+        || {
+            let m = a.json(&["members"]);
+            let by = |n: &str| {
+                m.as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|x| x["name"] == n)
+                    .cloned()
+                    .unwrap()
+            };
+            by("b")["synced_ms"].is_u64() && by("a")["synced_ms"].is_null()
+        },
+    );
 
     assert!(b
         .roster(&["register", "web", "127.0.0.1:80", "--id", "w"])

@@ -718,6 +718,44 @@ fn one_instance_is_read_alone_whatever_its_status_and_a_missing_one_is_404() {
 }
 
 #[test]
+fn fields_keep_only_the_named_fields_of_each_instance_and_an_unknown_one_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);
+    put(
+        &format!("{h}/v1/services/web/instances/web-1"),
+        r#"{"address": "10.0.0.7:8080", "meta": {"zone": "eu-1"}}"#,
+    );
+    let r = curl(&[&format!("{h}/v1/services/web?fields=instance,meta")]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(
+        r.json(),
+        serde_json::json!([{"instance": "web-1", "meta": {"zone": "eu-1"}}])
+    );
+    let full = curl(&[&format!("{h}/v1/services/web")]);
+    assert_eq!(
+        full.header("x-roster-index"),
+        r.header("x-roster-index"),
+        "the index is the same"
+    );
+    let watch = Stream::open(&format!("{h}/v1/services/web?watch&fields=status"));
+    let (kind, data) = watch.next();
+    assert_eq!(
+        (kind.as_str(), data),
+        ("up", serde_json::json!({"status": "passing"}))
+    );
+    let r = curl(&[&format!("{h}/v1/services/web?fields=instance,lease")]);
+    assert_eq!(r.error(400), "invalid");
+    let said = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        said.contains("\"lease\"") && said.contains("lease_expires_at"),
+        "{said}"
+    );
+}
+
+#[test]
 fn an_http_watch_resumed_with_last_event_id_gets_what_changed_once_and_nothing_else() {
     let root = tempfile::tempdir().unwrap();
     let (_a, h) = http_agent(&root.path().join("a"), "a", &[]);

@@ -66,6 +66,10 @@ fn the_page_follows_registrations_checks_maintenance_and_restarts_in_a_real_brow
         "a new registration appears without a reload",
         "a failing health check turns the instance critical",
         "maintenance switched on from the page is seen by roster get --all",
+        "the members show their lease and when this agent synced with each",
+        "light and dark follow the system, with readable text",
+        "every main view fits a phone's width, its controls in view",
+        "a read answered late does not hide a change the stream brought",
         "an agent restart shows reconnecting, then the same data",
         "no errors in the browser console",
     ] {

@@ -259,6 +259,18 @@ impl Handle {
         self.ask(Command::Inspect(node::Inspect(run)), answer).await
     }
 
+    /// When this node last exchanged state with each peer: the wall time (ms) of the last
+    /// message from it the state machine took (a change, an acknowledgement, a digest or a
+    /// state hash; WebSocket pings are not counted), since this process started. Peers it
+    /// never had a connection with are absent.
+    ///
+    /// # Errors
+    /// [`DriverError::Stopped`] when the node has stopped.
+    pub async fn exchanged(&self) -> Result<Vec<(ReplicaId, u64)>, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Command::Exchanged(reply), answer).await
+    }
+
     /// Asks a connected peer for an anti-entropy round now. Returns whether one was
     /// connected.
     ///

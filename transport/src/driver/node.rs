@@ -66,6 +66,8 @@ pub(super) enum Command {
     Pushed(oneshot::Sender<()>),
     SyncNow(oneshot::Sender<bool>),
     CrashGuard(bool),
+    /// When each peer last sent a message the state machine took (see `Handle::exchanged`).
+    Exchanged(oneshot::Sender<Vec<(ReplicaId, u64)>>),
 }
 
 /// A read run on the node task, given the state machine and the wall time.
@@ -127,6 +129,9 @@ pub(super) struct NodeTask {
     /// Callers of `Handle::pushed`, answered once the buffer up to `head` was handed to
     /// every connected peer, or at the deadline (a peer that catches up otherwise).
     awaiting_push: Vec<AwaitingPush>,
+    /// When each peer last sent a message the state machine took (wall ms): when the two
+    /// last exchanged state. One entry per peer the state machine still knows.
+    exchanged: HashMap<ReplicaId, u64>,
 }
 
 #[derive(Debug)]
@@ -171,6 +176,7 @@ impl NodeTask {
             events_due: Vec::new(),
             awaiting_push: Vec::new(),
             refusals: QuietLog::new(REFUSAL_LOG_EVERY_MS),
+            exchanged: HashMap::new(),
         }
     }
 
@@ -311,7 +317,12 @@ impl NodeTask {
                 let mutates = m.carries_delta() || matches!(m, Message::Elided { .. });
                 let peer = self.node.peer_on(conn);
                 match self.node.handle_message(conn, envelope, now) {
-                    Ok(()) => self.dirty |= mutates,
+                    Ok(()) => {
+                        self.dirty |= mutates;
+                        if let Some(p) = peer {
+                            self.exchanged.insert(p, now.wall_ms);
+                        }
+                    }
                     Err(ProtocolError::UnknownConnection(_)) => {
                         debug!(node, conn, "a message after the connection closed; dropped")
                     }
@@ -397,6 +408,13 @@ impl NodeTask {
                 let _ = reply.send(self.node.sync_now(now));
             }
             Command::CrashGuard(on) => self.node.set_crash_guard(on, now),
+            Command::Exchanged(reply) => {
+                // Peers the state machine forgot (gone a day) are forgotten here too.
+                let known: std::collections::HashSet<ReplicaId> =
+                    self.node.known_peers().into_iter().map(|p| p.id).collect();
+                self.exchanged.retain(|id, _| known.contains(id));
+                let _ = reply.send(self.exchanged.iter().map(|(id, t)| (*id, *t)).collect());
+            }
         }
     }
 

@@ -72,6 +72,7 @@ pub fn redactions() -> Redactions {
         ("[NODE]", r"\b[0-9a-f]{16}\b"),
         ("[PID]", r"\bpid (?<redacted>\d+)"),
         ("[AGE]", r"\b(?<redacted>\d+(\.\d+)?(ms|s|m)) ago\b"),
+        ("[LEFT]", r"\bin (?<redacted>\d+(\.\d+)?(ms|s|m))\b"),
         ("[WAIT]", r"reconnecting in (?<redacted>\d+ms)"),
         // Milliseconds in JSON: spans (`uptime_ms`) and points in time (`written_ms`, a
         // lease's ends).
