@@ -101,6 +101,7 @@ impl Node {
         }
         self.apply_tagged(peer, delta, fresh, now);
         self.known_by_announcers(&announced);
+        self.graft_nearer_announcers(&announced, now);
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
         }
@@ -165,6 +166,31 @@ impl Node {
         }
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
+        }
+    }
+
+    /// A peer that announced a change before its copy came, by links cheaper by
+    /// `parent_saving`, is the better parent: grafted at once, as when its announcement
+    /// comes after the copy (`on_ihave`). Before, only that later order moved the
+    /// parent, so trees found their shorter paths at random renewals, long after they
+    /// formed, and an idle cluster grafted now and then.
+    fn graft_nearer_announcers(&mut self, announced: &[(ReplicaId, u16, Tagged)], now: Now) {
+        let saving = self.cfg.parent_saving;
+        let mut grafts: BTreeMap<ReplicaId, Vec<ChangeId>> = BTreeMap::new();
+        for &(a, theirs, here) in announced {
+            let via = self.trees.via(
+                a,
+                Tagged {
+                    id: here.id,
+                    hops: theirs,
+                },
+            );
+            if self.trees.nearer(a, via, saving) {
+                grafts.entry(a).or_default().push(here.id);
+            }
+        }
+        for (a, ids) in grafts {
+            self.send_to_peer(a, Message::Graft { ids }, now);
         }
     }
 
