@@ -28,20 +28,15 @@ const LEASE_TTL_MS: u64 = 5_000;
 enum Step {
     /// Something happens elsewhere in the cluster, or a peer's delta reaches the node.
     Peer(Op),
-    /// A client registers an own instance; answered once it is committed.
+    /// A client registers an own instance: answered once it is committed, or (not
+    /// `answered`) it reached the replica and its peers but the process did not live to
+    /// make its commit.
     Own {
         service: u8,
         instance: u8,
         port: u16,
         meta: u8,
-    },
-    /// An own write that reached the replica (and its peers) but whose commit the
-    /// process did not live to make: never answered.
-    OwnUnanswered {
-        service: u8,
-        instance: u8,
-        port: u16,
-        meta: u8,
+        answered: bool,
     },
     /// The saver writes the peer-learnt (and every other) change since its last save.
     Save,
@@ -54,17 +49,12 @@ impl Arbitrary for Step {
         let u = |g: &mut Gen| u8::arbitrary(g);
         match u8::arbitrary(g) % 10 {
             0..=3 => Step::Peer(elsewhere(Op::arbitrary(g))),
-            4 | 5 => Step::Own {
+            n @ 4..=6 => Step::Own {
                 service: u(g),
                 instance: u(g),
                 port: u16::arbitrary(g),
                 meta: u(g),
-            },
-            6 => Step::OwnUnanswered {
-                service: u(g),
-                instance: u(g),
-                port: u16::arbitrary(g),
-                meta: u(g),
+                answered: n < 6,
             },
             7 | 8 => Step::Save,
             _ => Step::Crash,
@@ -258,19 +248,10 @@ fn keeps_its_promises(steps: Vec<Step>) -> bool {
                 instance,
                 port,
                 meta,
+                answered,
             } => {
                 let rec = record(*service, *instance, *port, *meta, sim.now_ms);
-                node.write(&mut sim, rec, true);
-                Ok(())
-            }
-            Step::OwnUnanswered {
-                service,
-                instance,
-                port,
-                meta,
-            } => {
-                let rec = record(*service, *instance, *port, *meta, sim.now_ms);
-                node.write(&mut sim, rec, false);
+                node.write(&mut sim, rec, *answered);
                 Ok(())
             }
             Step::Save => {
@@ -316,12 +297,14 @@ fn an_own_write_answered_after_the_last_save_survives_a_crash_that_loses_peer_ch
             instance: 0,
             port: 8080,
             meta: 2,
+            answered: true,
         },
-        Step::OwnUnanswered {
+        Step::Own {
             service: 1,
             instance: 1,
             port: 8081,
             meta: 0,
+            answered: false,
         },
         Step::Crash,
         Step::Save,
