@@ -23,6 +23,11 @@ use crate::message::{ChangeId, Tagged};
 /// The most peers recorded as holding one buffered delta (a node has a few links).
 const MAX_KNOWN: usize = 8;
 
+/// The newest buffered deltas an announcement is looked for in: it names changes of the
+/// last announcement spacing or so, and each scan is on the path of every announcement
+/// (an older delta left unmarked only costs that peer a copy or an announcement).
+const KNOWN_SCAN: usize = 256;
+
 /// One buffered delta, encoded, and the peer it came from (never sent back to it).
 #[derive(Debug, Clone)]
 struct Entry {
@@ -261,7 +266,7 @@ impl DeltaBuffer {
     /// change to the other; now the later of the two, under churn most often, stays
     /// silent.)
     pub fn known_to(&mut self, peer: ReplicaId, ids: &BTreeSet<ChangeId>) {
-        for e in self.entries.iter_mut().rev() {
+        for e in self.entries.iter_mut().rev().take(KNOWN_SCAN) {
             let all = !e.tags.is_empty() && e.tags.iter().all(|t| ids.contains(&t.id));
             if all && e.origin != Some(peer) && !e.known.contains(&peer) && e.known.len() < MAX_KNOWN {
                 e.known.push(peer);
