@@ -33,6 +33,10 @@ use std::time::{Duration, Instant};
 use roster::api::{RegisterItem, Request, ServerMessage};
 use roster::client::Client;
 
+#[path = "churn_cost/item.rs"]
+mod item;
+use item::{item, SERVICE};
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Counts the allocations of threads marked with [`COUNTED`].
@@ -79,7 +83,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const SERVICE: &str = "churn";
 const USAGE: &str = "usage: receive_allocs [--n 1000] [--rate 100] [--secs 10]";
 
 /// The writer agent; dropping it kills it and waits for it.
@@ -127,18 +130,6 @@ fn writer(dir: &Path) -> Result<(Writer, String), Error> {
         }
     }
     Err("the writer exited before it said where it listens".into())
-}
-
-fn item(n: usize, seq: u64) -> RegisterItem {
-    let i = (seq as usize) % n;
-    RegisterItem {
-        service: SERVICE.into(),
-        address: format!("10.0.0.1:{}", 1 + i % 60_000),
-        meta: vec![("seq".into(), seq.to_string())],
-        instance: Some(format!("c{i}")),
-        ttl_ms: None,
-        checks: vec![],
-    }
 }
 
 fn acked(m: ServerMessage) -> Result<(), Error> {

@@ -11,10 +11,10 @@ use roster::api::{EventView, RegisterItem, Request, ServerMessage};
 use roster::client::Client;
 
 use crate::cluster::Cluster;
+use crate::item::item;
+pub use crate::item::SERVICE;
 use crate::Error;
 
-/// The service every instance belongs to.
-pub const SERVICE: &str = "churn";
 /// Instances per `RegisterMany` of the preload.
 const PRELOAD_BATCH: usize = 5_000;
 /// How long changes may take to show everywhere after the last was sent, before the
@@ -23,19 +23,6 @@ const GRACE: Duration = Duration::from_secs(5);
 
 /// When each node's watch first showed each change, by its seq.
 pub type Sightings = Arc<Mutex<HashMap<u64, [Option<Instant>; 3]>>>;
-
-/// Instance `c<seq mod n>` with metadata `seq=<seq>` (the preload has seq 0).
-fn item(n: usize, seq: u64) -> RegisterItem {
-    let i = (seq as usize) % n;
-    RegisterItem {
-        service: SERVICE.into(),
-        address: format!("10.0.0.1:{}", 1 + i % 60_000),
-        meta: vec![("seq".into(), seq.to_string())],
-        instance: Some(format!("c{i}")),
-        ttl_ms: None,
-        checks: vec![],
-    }
-}
 
 /// Registers instances `c0`..`c<n-1>` through agent `a` in batches, and waits until every
 /// agent holds them all.

@@ -57,6 +57,7 @@
 mod cluster;
 mod counters;
 mod drive;
+mod item;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
