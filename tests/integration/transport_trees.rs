@@ -117,14 +117,13 @@ fn a_change_crosses_each_node_about_once_on_its_tree_and_once_per_link_flooded()
     crosses_each_node_about_once(sim_seed("tree_copies"));
 }
 
-/// Regression, open: with this seed the second change reaches nodes 16 and 20 only by
-/// grafts after the graft timeout, and their neighbours 10 and 29 both by those grafts
-/// and by pushes of 16 and 20 (which push to each other pair-wise: as if each of a pair
-/// were the other's parent, cut off from the root's tree, by the trace; not checked with
-/// `tree_parent`), so 33 copies go for 29 nodes. Replay with `cargo test -p roster-tests -- --ignored regression_tree_cycle`.
+/// Regression: with this seed, nodes 16 and 20 got the root's first change first from
+/// node 4 (in one delta with another root's change that 4 pushes them), though both had
+/// pruned 4 for the root. Each took 4 for its parent and pruned the tree's own link to
+/// it: cut off from the root's tree, the second change reached them only by grafts, 33
+/// copies for 29 nodes. A change from a link pruned for its root now leaves the parent.
 #[test]
-#[ignore = "fails: a cycle of parents cut off from the root's tree, not yet fixed (issue 26)"]
-fn regression_tree_cycle_seed_1796284175140676460() {
+fn regression_tree_hole_seed_1796284175140676460() {
     crosses_each_node_about_once(1_796_284_175_140_676_460);
 }
 

@@ -87,6 +87,10 @@ struct Parent {
 pub(super) struct Trees {
     /// For each peer, the roots whose changes it is not pushed (lazy links).
     held: BTreeMap<ReplicaId, BTreeSet<ReplicaId>>,
+    /// For each peer, the roots it was asked to push us no more (until grafted): the other
+    /// end's `held`. A change of one that it pushes all the same (in one delta with a
+    /// change of a root it does push) comes off the root's tree.
+    pruned: BTreeMap<ReplicaId, BTreeSet<ReplicaId>>,
     seen: BTreeMap<ReplicaId, Seen>,
     /// For each root, its newest change that arrived here and the peer it came from.
     parent: BTreeMap<ReplicaId, Parent>,
@@ -123,8 +127,14 @@ impl Trees {
         self.seen.entry(id.root).or_default().insert(id.at)
     }
 
-    /// The new change `t` came from `peer`.
+    /// The new change `t` came from `peer`. From a peer that was asked to push its root's
+    /// changes no more, it came off the root's tree (in one delta with a change of a root
+    /// the peer does push): the parent stays, or the copy the tree brings would prune the
+    /// tree's link, and leave this node with no link on the tree at all.
     pub(super) fn arrived_from(&mut self, peer: ReplicaId, t: Tagged) {
+        if self.was_pruned(peer, t.id.root) {
+            return;
+        }
         let newer = self.parent.get(&t.id.root).is_none_or(|p| p.at < t.id.at);
         if newer && (self.parent.contains_key(&t.id.root) || self.parent.len() < MAX_ROOTS) {
             let parent = Parent {
@@ -224,6 +234,27 @@ impl Trees {
         }
     }
 
+    /// Whether `peer` was asked to push `root`'s changes here no more.
+    fn was_pruned(&self, peer: ReplicaId, root: ReplicaId) -> bool {
+        self.pruned.get(&peer).is_some_and(|r| r.contains(&root))
+    }
+
+    /// `peer` was asked to push these roots' changes here no more (`ask` true), or to push
+    /// them again (a graft).
+    pub(super) fn asked(&mut self, peer: ReplicaId, roots: impl IntoIterator<Item = ReplicaId>, ask: bool) {
+        let pruned = self.pruned.entry(peer).or_default();
+        for root in roots {
+            if !ask {
+                pruned.remove(&root);
+            } else if pruned.len() < MAX_ROOTS {
+                pruned.insert(root);
+            }
+        }
+        if pruned.is_empty() {
+            self.pruned.remove(&peer);
+        }
+    }
+
     /// `peer` is pushed `root`'s changes no more.
     pub(super) fn prune(&mut self, peer: ReplicaId, root: ReplicaId) {
         let held = self.held.entry(peer).or_default();
@@ -246,6 +277,7 @@ impl Trees {
     /// grafted from no more.
     pub(super) fn forget_peer(&mut self, peer: ReplicaId) {
         self.held.remove(&peer);
+        self.pruned.remove(&peer);
         self.parent.retain(|_, p| p.peer != peer);
         for m in self.missing.values_mut() {
             m.announcers.retain(|(p, _)| *p != peer);
@@ -399,6 +431,28 @@ mod tests {
         assert!(t.is_parent(ReplicaId(1), b) && !t.is_parent(ReplicaId(2), b));
         t.forget_peer(b);
         assert!(!t.is_parent(ReplicaId(1), b));
+    }
+
+    #[test]
+    fn a_change_from_a_link_pruned_for_its_root_leaves_the_parent_until_a_graft() {
+        let mut t = Trees::default();
+        let (a, b) = (ReplicaId(7), ReplicaId(8));
+        let root = ReplicaId(1);
+        let at = |change| Tagged {
+            id: id(1, change),
+            hops: 2,
+        };
+        t.arrived_from(a, at(10));
+        t.asked(b, [root], true);
+        t.arrived_from(b, at(11));
+        assert!(t.is_parent(root, a), "b pushed it with a change of another root");
+        t.asked(b, [root], false);
+        t.arrived_from(b, at(12));
+        assert!(t.is_parent(root, b), "grafted, b is on the tree again");
+        t.asked(a, [root], true);
+        t.forget_peer(a);
+        t.arrived_from(a, at(13));
+        assert!(t.is_parent(root, a), "a new link starts on every tree");
     }
 
     #[test]

@@ -138,6 +138,7 @@ impl Node {
             self.counters.duplicate_pushes += 1;
         }
         for (p, roots) in prunes {
+            self.trees.asked(p, roots.iter().copied(), true);
             self.send_to_peer(p, Message::Prune { roots }, now);
         }
     }
@@ -162,7 +163,7 @@ impl Node {
             }
         }
         if !nearer.is_empty() {
-            self.send_to_peer(peer, Message::Graft { ids: nearer }, now);
+            self.send_graft(peer, nearer, now);
         }
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
@@ -190,7 +191,7 @@ impl Node {
             }
         }
         for (a, ids) in grafts {
-            self.send_to_peer(a, Message::Graft { ids }, now);
+            self.send_graft(a, ids, now);
         }
     }
 
@@ -264,6 +265,12 @@ impl Node {
         }
     }
 
+    /// Asks `peer` for `ids`, and to push their roots' changes here again.
+    fn send_graft(&mut self, peer: ReplicaId, ids: Vec<ChangeId>, now: Now) {
+        self.trees.asked(peer, ids.iter().map(|id| id.root), false);
+        self.send_to_peer(peer, Message::Graft { ids }, now);
+    }
+
     /// Grafts what was announced and has not arrived in time.
     pub(super) fn run_grafts(&mut self, now: Now) {
         for (peer, ids) in self.trees.due_grafts(now.mono_ms, self.cfg.graft_retry_ms) {
@@ -271,7 +278,7 @@ impl Node {
             for id in &ids {
                 self.trees.graft(peer, id.root);
             }
-            self.send_to_peer(peer, Message::Graft { ids }, now);
+            self.send_graft(peer, ids, now);
         }
     }
 }
