@@ -174,25 +174,34 @@ impl Trees {
     }
 
     /// `peer`, a lazy link for `t`'s root, announced `t`, which would have come by it
-    /// at less cost than by the parent: returns whether to graft `peer` for the root, so
-    /// that its next change comes by both and the costlier copy is pruned. Once per
-    /// change of the root, so one announcement grafts one link. Only a saving of at
-    /// least `saving` counts.
-    pub(super) fn nearer(&mut self, peer: ReplicaId, t: Tagged, saving: u16) -> bool {
-        let Some(p) = self.parent.get_mut(&t.id.root) else {
-            return false;
-        };
+    /// at less cost than by the parent: when it saves at least `saving`, `peer` is the
+    /// root's parent from now on (to be grafted) and the parent it replaces is returned,
+    /// to be pruned. Once per change of the root, so one announcement grafts one link.
+    /// Before, the old parent stayed until the next change came by both links; but where
+    /// the costly path is the fast one, `peer` got each change from us first and so never
+    /// sent it back, and the costly parent stayed for good.
+    pub(super) fn nearer(&mut self, peer: ReplicaId, t: Tagged, saving: u16) -> Option<ReplicaId> {
+        let p = self.parent.get_mut(&t.id.root)?;
         let nearer =
             !p.sought && p.at == t.id.at && p.peer != peer && t.hops.saturating_add(saving.max(1)) <= p.hops;
-        p.sought |= nearer;
-        nearer
+        if !nearer {
+            return None;
+        }
+        let old = p.peer;
+        *p = Parent {
+            at: p.at,
+            peer,
+            hops: t.hops,
+            sought: true,
+        };
+        Some(old)
     }
 
     /// Whether `peer`, which announced a change it got by links costing `theirs`, could
     /// save `saving` by our path to its root, which cost `ours` (unknown: it could), with
     /// the link between us.
     pub(super) fn could_shorten(&self, peer: ReplicaId, ours: Option<u16>, theirs: u16, saving: u16) -> bool {
-        let cost = self.cost.get(&peer).copied().unwrap_or(1);
+        let cost = self.link_cost(peer);
         ours.is_none_or(|h| h.saturating_add(cost).saturating_add(saving.max(1)) <= theirs)
     }
 
@@ -225,9 +234,14 @@ impl Trees {
         }
     }
 
+    /// What crossing the link from `peer` counts.
+    pub(super) fn link_cost(&self, peer: ReplicaId) -> u16 {
+        self.cost.get(&peer).copied().unwrap_or(1)
+    }
+
     /// What `t`, received from `peer`, has cost here: its count and the link's.
     pub(super) fn via(&self, peer: ReplicaId, t: Tagged) -> Tagged {
-        let cost = self.cost.get(&peer).copied().unwrap_or(1);
+        let cost = self.link_cost(peer);
         Tagged {
             id: t.id,
             hops: t.hops.saturating_add(cost),
@@ -513,13 +527,22 @@ mod tests {
             hops,
         };
         t.arrived_from(a, at(10, 4));
-        assert!(!t.nearer(b, at(10, 4), 1), "as costly");
-        assert!(!t.nearer(b, at(9, 1), 1), "an older change");
-        assert!(!t.nearer(a, at(10, 1), 1), "the parent itself");
-        assert!(!t.nearer(b, at(10, 3), 2), "one link less saves less than asked");
-        assert!(t.nearer(b, at(10, 3), 1));
-        assert!(!t.nearer(c, at(10, 2), 1), "one graft per change");
+        assert_eq!(t.nearer(b, at(10, 4), 1), None, "as costly");
+        assert_eq!(t.nearer(b, at(9, 1), 1), None, "an older change");
+        assert_eq!(t.nearer(a, at(10, 1), 1), None, "the parent itself");
+        assert_eq!(
+            t.nearer(b, at(10, 3), 2),
+            None,
+            "one link less saves less than asked"
+        );
+        assert_eq!(t.nearer(b, at(10, 3), 1), Some(a), "the old parent is pruned");
+        assert!(t.is_parent(ReplicaId(1), b) && t.hops(ReplicaId(1)) == Some(3));
+        assert_eq!(t.nearer(c, at(10, 2), 1), None, "one graft per change");
         t.arrived_from(a, at(11, 4));
-        assert!(t.nearer(c, at(11, 2), 1), "the next change may graft again");
+        assert_eq!(
+            t.nearer(c, at(11, 2), 1),
+            Some(a),
+            "the next change may graft again"
+        );
     }
 }

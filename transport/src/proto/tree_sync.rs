@@ -10,6 +10,16 @@ use roster_registry::{ReplicaId, State};
 use super::{ConnId, Dissemination, Node, Now, ProtocolError};
 use crate::message::{self, ChangeId, Message, Tagged};
 
+/// A root's parent moved to a nearer announcer.
+struct Move {
+    new: ReplicaId,
+    old: ReplicaId,
+    /// What the change cost here by the old parent.
+    before: Option<u16>,
+    /// The change, as it would come by the new one.
+    t: Tagged,
+}
+
 impl Node {
     /// Whether changes travel on trees.
     pub(super) fn on_trees(&self) -> bool {
@@ -125,10 +135,18 @@ impl Node {
                 *e = t;
             }
         }
+        let saving = self.cfg.parent_saving;
         let mut prunes: BTreeMap<ReplicaId, Vec<ReplicaId>> = BTreeMap::new();
+        let mut hints: BTreeMap<ReplicaId, Vec<Tagged>> = BTreeMap::new();
         for (root, t) in newest {
-            let pruned = match self.trees.closer(peer, t, self.cfg.parent_saving) {
-                Some(old) => old,
+            let before = self.trees.hops(root);
+            let pruned = match self.trees.closer(peer, t, saving) {
+                Some(old) => {
+                    if self.old_parent_could_shorten(old, before, t) {
+                        hints.entry(old).or_default().push(t);
+                    }
+                    old
+                }
                 None if self.trees.is_parent(root, peer) => continue,
                 None => peer,
             };
@@ -137,10 +155,38 @@ impl Node {
         if !prunes.is_empty() {
             self.counters.duplicate_pushes += 1;
         }
+        self.send_prunes(prunes, hints, now);
+    }
+
+    /// Asks each peer to push the roots' changes here no more; and tells those of them
+    /// that could save links by our path of it (`hints`).
+    fn send_prunes(
+        &mut self,
+        prunes: BTreeMap<ReplicaId, Vec<ReplicaId>>,
+        hints: BTreeMap<ReplicaId, Vec<Tagged>>,
+        now: Now,
+    ) {
         for (p, roots) in prunes {
             self.trees.asked(p, roots.iter().copied(), true);
             self.send_to_peer(p, Message::Prune { roots }, now);
         }
+        for (p, ids) in hints {
+            self.send_to_peer(p, Message::IHave { seq: None, ids }, now);
+        }
+    }
+
+    /// Whether the parent `old` we left for a copy `t` that came cheaper (ours cost
+    /// `before` by `old`) could save links by our new path. It brought the change here
+    /// first, so nothing of it goes back to it, and it would never learn of the cheaper
+    /// path: a node whose copies came fastest over a costly detour (two zone borders, say)
+    /// kept it, change after change. Told (an announcement it may lose, for it has the
+    /// change), it grafts us as `on_ihave` does.
+    fn old_parent_could_shorten(&self, old: ReplicaId, before: Option<u16>, t: Tagged) -> bool {
+        let Some(theirs) = before.map(|h| h.saturating_sub(self.trees.link_cost(old))) else {
+            return false;
+        };
+        self.trees
+            .could_shorten(old, Some(t.hops), theirs, self.cfg.parent_saving)
     }
 
     /// A peer announced changes: those we lack are grafted from it if they do not arrive
@@ -155,16 +201,14 @@ impl Node {
     ) {
         let due = now.mono_ms + self.cfg.graft_timeout_ms;
         self.known_by_announcement(peer, &ids);
-        let mut nearer = Vec::new();
+        let mut moves = Vec::new();
         for t in ids {
             let via = self.trees.via(peer, t);
-            if !self.trees.announced(peer, t, due) && self.trees.nearer(peer, via, self.cfg.parent_saving) {
-                nearer.push(t.id);
+            if !self.trees.announced(peer, t, due) {
+                moves.extend(self.nearer(peer, via));
             }
         }
-        if !nearer.is_empty() {
-            self.send_graft(peer, nearer, now);
-        }
+        self.adopt_nearer(moves, now);
         if let Some(seq) = seq {
             self.owe_ack(conn, seq, now);
         }
@@ -176,8 +220,7 @@ impl Node {
     /// parent, so trees found their shorter paths at random renewals, long after they
     /// formed, and an idle cluster grafted now and then.
     fn graft_nearer_announcers(&mut self, announced: &[(ReplicaId, u16, Tagged)], now: Now) {
-        let saving = self.cfg.parent_saving;
-        let mut grafts: BTreeMap<ReplicaId, Vec<ChangeId>> = BTreeMap::new();
+        let mut moves = Vec::new();
         for &(a, theirs, here) in announced {
             let via = self.trees.via(
                 a,
@@ -186,13 +229,41 @@ impl Node {
                     hops: theirs,
                 },
             );
-            if self.trees.nearer(a, via, saving) {
-                grafts.entry(a).or_default().push(here.id);
+            moves.extend(self.nearer(a, via));
+        }
+        self.adopt_nearer(moves, now);
+    }
+
+    /// When `peer`'s copy `t` (counted here) would save `parent_saving` on the parent's:
+    /// the move of the root's parent to `peer`, from the parent it replaces.
+    fn nearer(&mut self, peer: ReplicaId, t: Tagged) -> Option<Move> {
+        let before = self.trees.hops(t.id.root);
+        let old = self.trees.nearer(peer, t, self.cfg.parent_saving)?;
+        Some(Move {
+            new: peer,
+            old,
+            before,
+            t,
+        })
+    }
+
+    /// Parents moved to nearer announcers: each is grafted, and the parent it replaces is
+    /// pruned for the root (and told of the cheaper path when it could use it).
+    fn adopt_nearer(&mut self, moves: Vec<Move>, now: Now) {
+        let mut grafts: BTreeMap<ReplicaId, Vec<ChangeId>> = BTreeMap::new();
+        let mut prunes: BTreeMap<ReplicaId, Vec<ReplicaId>> = BTreeMap::new();
+        let mut hints: BTreeMap<ReplicaId, Vec<Tagged>> = BTreeMap::new();
+        for m in moves {
+            grafts.entry(m.new).or_default().push(m.t.id);
+            prunes.entry(m.old).or_default().push(m.t.id.root);
+            if self.old_parent_could_shorten(m.old, m.before, m.t) {
+                hints.entry(m.old).or_default().push(m.t);
             }
         }
-        for (a, ids) in grafts {
-            self.send_graft(a, ids, now);
+        for (p, ids) in grafts {
+            self.send_graft(p, ids, now);
         }
+        self.send_prunes(prunes, hints, now);
     }
 
     /// Peers that announced changes before they arrived here (each with the links its
