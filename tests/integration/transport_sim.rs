@@ -512,6 +512,13 @@ fn regression_a_peer_in_step_answers_a_digest_that_asks() {
     rotations_between_nodes_in_step(1_796_106_317_189_446_934);
 }
 
+/// A seed on which a repair round came in the millisecond a rotation's connection
+/// opened, before the peer's hashes: it asked that peer in step for its digest.
+#[test]
+fn regression_a_repair_round_as_a_connection_opens_waits_for_its_hashes() {
+    rotations_between_nodes_in_step(66);
+}
+
 fn rotations_between_nodes_in_step(seed: u64) {
     // A rotation every 30 s opens connections between nodes that hold the same 1,100
     // registrations: more than the delta buffer holds, and more than any acknowledgement

@@ -437,6 +437,7 @@ impl Node {
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
         p.last_seen_ms = now.wall_ms;
+        p.hashes_sent_at = Some(now.mono_ms);
         // Dialed for an exchange: the peer pushes nothing on it either.
         if sync {
             self.send(conn, Message::ExchangeOnly, now);

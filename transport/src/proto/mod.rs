@@ -144,6 +144,10 @@ struct Peer {
     advertised: Option<String>,
     /// When we sent it a digest it has not answered yet (single flight).
     digest_sent_at: Option<u64>,
+    /// When a new connection to it sent our hashes and its own have not come yet: they
+    /// ask for its digest if they differ, so nothing else asks meanwhile (a repair round
+    /// in that millisecond sent a digest to a peer in step).
+    hashes_sent_at: Option<u64>,
     /// Its acknowledgement was taken from its digest (see `adopt_base`), not from an ack:
     /// until it acks, what it is sent is trimmed by that digest.
     adopted: bool,
@@ -499,13 +503,15 @@ impl Node {
     }
 
     /// Sends `peer` our digest, unless one is already in flight to it (sent less than
-    /// [`DIGEST_COALESCE_MS`] ago and not answered): every reason to ask shares it.
+    /// [`DIGEST_COALESCE_MS`] ago and not answered, or the hashes a new connection opens
+    /// with): every reason to ask shares it.
     pub(super) fn send_digest(&mut self, peer: ReplicaId, now: Now) {
-        let in_flight = self
-            .peers
-            .get(&peer)
-            .and_then(|p| p.digest_sent_at)
-            .is_some_and(|t| now.mono_ms < t + DIGEST_COALESCE_MS);
+        let in_flight = self.peers.get(&peer).is_some_and(|p| {
+            [p.digest_sent_at, p.hashes_sent_at]
+                .into_iter()
+                .flatten()
+                .any(|t| now.mono_ms < t + DIGEST_COALESCE_MS)
+        });
         if in_flight {
             self.counters.digests_coalesced += 1;
             return;

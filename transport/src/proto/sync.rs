@@ -427,6 +427,9 @@ impl Node {
         if answer {
             self.peers.entry(peer).or_default().digest_sent_at = None;
         }
+        if state.is_some() {
+            self.peers.entry(peer).or_default().hashes_sent_at = None;
+        }
         let differs = hash != message::context_hash(self.replica.context())
             || state.is_some_and(|s| s != message::state_hash(self.replica.state()));
         if differs && !answer {
