@@ -24,10 +24,7 @@ async fn send_poison(
     message: Message,
 ) -> tokio_tungstenite::WebSocketStream<tokio::net::TcpStream> {
     let mut ws = authenticated_client(node).await;
-    let envelope = Envelope {
-        sent_at: Hlc::new(now_ms(), 0),
-        message,
-    };
+    let envelope = Envelope::stamped(message, Hlc::new(now_ms(), 0));
     ws.send(WsMessage::binary(whole(&envelope))).await.unwrap();
     ws
 }

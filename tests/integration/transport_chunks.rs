@@ -175,10 +175,10 @@ async fn chunk_violations_are_refused_and_a_chunked_message_counts_once() {
 
     // A full state in more chunks than the burst allows frames: it counts as one message.
     let donor = big_replica(7, "d", 20_000);
-    let state = Envelope {
-        sent_at: Hlc::new(now_ms(), 0),
-        message: Message::elided(0, &donor.elide_for(&CausalContext::new())),
-    };
+    let state = Envelope::stamped(
+        Message::elided(0, &donor.elide_for(&CausalContext::new())),
+        Hlc::new(now_ms(), 0),
+    );
     let chunks = chunked(&state.encode(), FRAME);
     assert!(chunks.len() > 2 * BURST as usize, "{} chunks", chunks.len());
     let mut ws = authenticated_client(&a).await;
@@ -256,10 +256,10 @@ async fn a_state_too_large_to_send_and_a_peer_that_does_not_read_are_cut() {
         start_with(big_replica(2, "b", 20_000), tight, &[]).await,
     );
     let ask_for_everything = || {
-        let digest = Envelope {
-            sent_at: Hlc::new(now_ms(), 0),
-            message: Message::digest(&CausalContext::new(), false, None),
-        };
+        let digest = Envelope::stamped(
+            Message::digest(&CausalContext::new(), false, None),
+            Hlc::new(now_ms(), 0),
+        );
         WsMessage::binary(whole(&digest))
     };
 

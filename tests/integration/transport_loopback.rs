@@ -451,10 +451,7 @@ async fn a_flood_of_frames_is_slowed_and_a_silent_client_and_too_many_connection
     let before = a.counters().driver.frames_received;
     let started = Instant::now();
     for _ in 0..100 {
-        let ack = Envelope {
-            sent_at: Hlc::new(now_ms(), 0),
-            message: Message::Ack { seq: 0 },
-        };
+        let ack = Envelope::stamped(Message::Ack { seq: 0 }, Hlc::new(now_ms(), 0));
         ws.send(WsMessage::binary(whole(&ack))).await.unwrap();
     }
     eventually("the flood to be slowed", || {

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 /// after the dialer has, in the handshake's welcome; 3: one lease per node, registry
 /// format 2; 4: registrations carry a status, registry format 3; 5: pushes on per-origin
 /// trees, with announcements, grafts and prunes; 6: a lease of TTL 0 is a node's farewell,
-/// which version 5 refuses to decode).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// which version 5 refuses to decode; 7: only a message that carries a state to join
+/// carries the sender's clock).
+pub const PROTOCOL_VERSION: u16 = 7;
 /// The most entries (registrations plus leases) one delta may carry.
 pub const MAX_DELTA_ENTRIES: usize = 65_536;
 /// The most entries one full (elided) state may carry.
@@ -166,12 +167,15 @@ pub enum Message {
     ExchangeOnly,
 }
 
-/// A message with the sender's clock, so a receiver can refuse a peer whose clock runs
-/// too far ahead.
+/// A message, with the sender's clock when it carries a state to join, so a receiver
+/// can refuse a peer whose clock runs too far ahead and order what it writes after what it
+/// learnt. The others (acknowledgements, announcements, hashes) go without it: nine bytes
+/// of an acknowledgement's eleven, on every link a change crosses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
-    /// The sender's hybrid logical clock when it sent the message.
-    pub sent_at: Hlc,
+    /// The sender's hybrid logical clock when it sent the message: present exactly when
+    /// [`Message::carries_state`].
+    pub sent_at: Option<Hlc>,
     /// The message.
     pub message: Message,
 }
@@ -203,6 +207,12 @@ pub enum MessageError {
     /// A redirect carried too many or too long URLs.
     #[error("redirect with more than {MAX_REDIRECT_URLS} URLs or a URL longer than {MAX_URL_LEN} bytes")]
     RedirectTooLarge,
+    /// A message that carries a state to join came without the sender's clock.
+    #[error("{0} carries a state to join without the sender's clock")]
+    MissingClock(&'static str),
+    /// A message that carries no state came with a clock (only states to join carry one).
+    #[error("{0} carries a clock, which only a state to join carries")]
+    UnexpectedClock(&'static str),
     /// A push, announcement, graft or prune named too many changes or roots.
     #[error("{kind} names {count} changes or roots, more than the {MAX_TREE_IDS} allowed")]
     TooManyIds {
@@ -214,6 +224,15 @@ pub enum MessageError {
 }
 
 impl Envelope {
+    /// `message` with `at` as the sender's clock if it carries a state to join, else with
+    /// none.
+    pub fn stamped(message: Message, at: Hlc) -> Self {
+        Envelope {
+            sent_at: message.carries_state().then_some(at),
+            message,
+        }
+    }
+
     /// Encodes the envelope.
     pub fn encode(&self) -> Vec<u8> {
         // Sized first: one allocation, where growing from empty took one per doubling.
@@ -236,6 +255,11 @@ impl Envelope {
             postcard::take_from_bytes(bytes).map_err(|e| MessageError::Malformed(e.to_string()))?;
         if !rest.is_empty() {
             return Err(MessageError::TrailingBytes(rest.len()));
+        }
+        match (env.sent_at, env.message.carries_state()) {
+            (None, true) => return Err(MessageError::MissingClock(env.message.kind())),
+            (Some(_), false) => return Err(MessageError::UnexpectedClock(env.message.kind())),
+            _ => {}
         }
         match &env.message {
             Message::Goodbye { reason } if reason.len() > MAX_REASON_LEN => {
@@ -279,6 +303,15 @@ impl Message {
             Message::Prune { .. } => "prune",
             Message::ExchangeOnly => "exchange-only",
         }
+    }
+
+    /// Whether it carries a state to join (a delta, a push, a full state), and so the
+    /// sender's clock.
+    pub fn carries_state(&self) -> bool {
+        matches!(
+            self,
+            Message::Delta { .. } | Message::Push { .. } | Message::Elided { .. }
+        )
     }
 
     /// Whether it carries deltas to join: a delta, or a push on the trees.
@@ -432,17 +465,11 @@ mod tests {
 
     #[test]
     fn envelopes_round_trip_and_refuse_trailing_bytes_and_garbage() {
-        let env = Envelope {
-            sent_at: Hlc::new(5, 1),
-            message: Message::Ack { seq: 42 },
-        };
+        let env = Envelope::stamped(Message::Ack { seq: 42 }, Hlc::new(5, 1));
         let mut bytes = env.encode();
         assert_eq!(Envelope::decode(&bytes).unwrap(), env);
         assert_eq!(env.encoded_len(), bytes.len());
-        let delta = Envelope {
-            sent_at: Hlc::new(1 << 40, 3),
-            message: Message::encoded_delta(7, &[1; 300]),
-        };
+        let delta = Envelope::stamped(Message::encoded_delta(7, &[1; 300]), Hlc::new(1 << 40, 3));
         assert_eq!(delta.encoded_len(), delta.encode().len());
         bytes.push(0);
         assert_eq!(Envelope::decode(&bytes), Err(MessageError::TrailingBytes(1)));
@@ -453,15 +480,42 @@ mod tests {
     }
 
     #[test]
+    fn only_a_state_to_join_carries_the_clock_and_it_must() {
+        let at = Hlc::new(1 << 40, 3);
+        let ack = Envelope::stamped(Message::Ack { seq: 42 }, at);
+        assert_eq!(ack.sent_at, None);
+        assert_eq!(
+            ack.encoded_len(),
+            3,
+            "an acknowledgement is its tag, its kind and its number"
+        );
+        let delta = Envelope::stamped(Message::encoded_delta(7, &[1; 30]), at);
+        assert_eq!(delta.sent_at, Some(at));
+        let bare = Envelope {
+            sent_at: None,
+            ..delta
+        };
+        assert_eq!(
+            Envelope::decode(&bare.encode()),
+            Err(MessageError::MissingClock("delta"))
+        );
+        let stamped_ack = Envelope {
+            sent_at: Some(at),
+            ..ack
+        };
+        assert_eq!(
+            Envelope::decode(&stamped_ack.encode()),
+            Err(MessageError::UnexpectedClock("ack"))
+        );
+    }
+
+    #[test]
     fn a_tree_message_naming_too_many_changes_is_refused() {
         let id = ChangeId {
             root: roster_registry::ReplicaId(7),
             at: Hlc::new(9, 0),
         };
-        let env = |n| Envelope {
-            sent_at: Hlc::default(),
-            message: Message::Graft { ids: vec![id; n] },
-        };
+        let env = |n| Envelope::stamped(Message::Graft { ids: vec![id; n] }, Hlc::default());
         assert!(Envelope::decode(&env(MAX_TREE_IDS).encode()).is_ok());
         assert_eq!(
             Envelope::decode(&env(MAX_TREE_IDS + 1).encode()),
@@ -479,10 +533,7 @@ mod tests {
             unreachable!()
         };
         assert!(reason.len() <= MAX_REASON_LEN);
-        let env = Envelope {
-            sent_at: Hlc::default(),
-            message: Message::Goodbye { reason: long },
-        };
+        let env = Envelope::stamped(Message::Goodbye { reason: long }, Hlc::default());
         assert_eq!(Envelope::decode(&env.encode()), Err(MessageError::ReasonTooLong));
     }
 }

@@ -51,8 +51,9 @@ impl Node {
         envelope: Envelope,
         now: Now,
     ) -> Result<(), ProtocolError> {
-        self.clock
-            .observe(envelope.sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
+        if let Some(sent_at) = envelope.sent_at {
+            self.clock.observe(sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
+        }
         self.heard_from(peer);
         match envelope.message {
             Message::Digest { ctx, reply, state } => self.on_digest(conn, peer, &ctx, reply, state, now)?,

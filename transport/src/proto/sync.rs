@@ -315,7 +315,7 @@ impl Node {
 
     pub(super) fn send(&mut self, conn: ConnId, message: Message, now: Now) {
         let envelope = Envelope {
-            sent_at: self.clock.tick(now.wall_ms),
+            sent_at: message.carries_state().then(|| self.clock.tick(now.wall_ms)),
             message,
         };
         self.counters.messages_sent += 1;
