@@ -243,10 +243,10 @@ fn connections_dialed_for_an_exchange_carry_no_pushes_and_leave_no_hole_in_a_tre
 }
 
 /// A seed that failed in a clean-clone CI run (2026-12-02, and on fabb069 before that
-/// day's changes): two grafts on formed trees. Not yet understood (issue 26); run it with
-/// `cargo test -p roster-tests -- --ignored regression_exchange_holes`.
+/// day's changes): two grafts on formed trees. It passes since a change that comes by a
+/// link pruned for its root leaves the parent as it was (48e5557): a push of several roots
+/// had taken such a link for a parent.
 #[test]
-#[ignore = "fails: two needless grafts with this seed, not yet understood (issue 26)"]
 fn regression_exchange_holes_seed_1796229525713423723() {
     exchanges_leave_no_hole(1_796_229_525_713_423_723);
 }
