@@ -44,6 +44,10 @@ pub struct AgentArgs {
     /// This node's name, for people [default: node-<id>].
     #[arg(long, value_name = "NAME", env = "ROSTER_NODE_NAME")]
     node_name: Option<String>,
+    /// The failure domain this node runs in (a rack, an availability zone), shown by
+    /// `members` and `status`: a DNS label such as eu-west-1a [default: default].
+    #[arg(long, value_name = "ZONE", env = "ROSTER_ZONE", value_parser = parse_zone)]
+    zone: Option<roster::Zone>,
     /// Peers each gossip round goes to, and the most outbound connections; a change goes to
     /// every connected peer [default: 2].
     #[arg(long, value_name = "N", env = "ROSTER_FANOUT")]
@@ -285,6 +289,7 @@ struct Settings {
     data_dir: PathBuf,
     secret_file: Option<PathBuf>,
     node_name: Option<String>,
+    zone: roster::Zone,
     fanout: Option<usize>,
     gossip: Option<Duration>,
     lease: Option<Duration>,
@@ -339,6 +344,11 @@ impl Settings {
             },
             secret_file: args.cluster_secret_file.or(file.cluster_secret_file),
             node_name: args.node_name.or(file.node_name),
+            zone: match (args.zone, file.zone) {
+                (Some(z), _) => z,
+                (None, Some(z)) => parse_zone(&z).map_err(|e| from_file.name("zone", Fail::usage(e)))?,
+                (None, None) => roster::Zone::default(),
+            },
             fanout: args.fanout.or(file.fanout),
             gossip: duration(args.gossip_interval, "gossip-interval", file.gossip_interval)?,
             lease: duration(args.lease_ttl, "lease-ttl", file.lease_ttl)?,
@@ -458,6 +468,7 @@ impl Settings {
         if let Some(n) = &self.node_name {
             b = b.node_name(n.clone());
         }
+        b = b.zone(self.zone.clone());
         if let Some(f) = self.fanout {
             b = b.fanout(f);
         }
@@ -581,4 +592,9 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// A zone from a flag, a variable or the config file.
+fn parse_zone(s: &str) -> Result<roster::Zone, String> {
+    roster::Zone::new(s).map_err(|e| e.to_string())
 }

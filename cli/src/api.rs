@@ -25,7 +25,7 @@ use crate::check::Check;
 /// transport, which hands over each connection that asks for it after the upgrade.
 pub const CLIENT_SUBPROTOCOL: &str = "roster.client.v1";
 /// The version byte every client-protocol message starts with.
-pub const CLIENT_PROTOCOL_VERSION: u8 = 4;
+pub const CLIENT_PROTOCOL_VERSION: u8 = 5;
 /// The nonce length of the client authentication.
 pub const NONCE_LEN: usize = 32;
 /// The label of the client's proof.
@@ -101,6 +101,9 @@ pub enum Request {
         service: String,
         /// Every live instance, whatever its status.
         all: bool,
+        /// Put first the instances owned by nodes of this zone ([`crate::NEAR_AGENT`]:
+        /// the agent's); `None`: by id only.
+        near: Option<String>,
     },
     /// The served instances of a service, then changes as they happen.
     Watch {
@@ -271,6 +274,8 @@ pub struct MemberView {
     pub name: String,
     /// Its URL.
     pub address: String,
+    /// Its zone (`default` when it set none); `None` (JSON `null`) for a node gone.
+    pub zone: Option<String>,
     /// `alive`, `suspect` (its renewal is late), `left` (it left the cluster) or `failed`
     /// (it was written dead, or its lease ended).
     pub state: String,
@@ -348,6 +353,8 @@ pub struct StatusView {
     pub name: String,
     /// Its URL.
     pub address: String,
+    /// Its zone (`default` when it set none).
+    pub zone: String,
     /// The roster version.
     pub version: String,
     /// Milliseconds since it started.

@@ -266,13 +266,17 @@ pub async fn ls(c: &ClientArgs) -> Result<(), Fail> {
     }
 }
 
-pub async fn get(c: &ClientArgs, service: String, all: bool) -> Result<(), Fail> {
+pub async fn get(c: &ClientArgs, service: String, all: bool, near: Option<String>) -> Result<(), Fail> {
     check_service(&service)?;
+    if let Some(z) = near.as_deref().filter(|z| *z != roster::NEAR_AGENT) {
+        roster::Zone::new(z).map_err(|e| Fail::usage(format!("--near: {e}")))?;
+    }
     match ask(
         c,
         Request::Instances {
             service: service.clone(),
             all,
+            near,
         },
     )
     .await?
@@ -299,6 +303,7 @@ pub async fn get_one(c: &ClientArgs, service: String, instance: String) -> Resul
     let all = Request::Instances {
         service: service.clone(),
         all: true,
+        near: None,
     };
     let list = match ask(c, all).await? {
         ServerMessage::Instances(list) => list,
@@ -328,6 +333,7 @@ async fn none_served(c: &ClientArgs, service: &str, all: bool) -> Fail {
             Request::Instances {
                 service: service.to_string(),
                 all: true,
+                near: None,
             },
         )
         .await
@@ -401,6 +407,7 @@ pub async fn members(c: &ClientArgs) -> Result<(), Fail> {
                             m.name.clone(),
                             m.node.clone(),
                             m.address.clone(),
+                            m.zone.clone().unwrap_or_else(|| "-".to_string()),
                             m.state.clone(),
                             output::ago(m.last_heard_ms),
                             m.lease_left_ms.map_or_else(|| "-".to_string(), output::within),
@@ -413,6 +420,7 @@ pub async fn members(c: &ClientArgs) -> Result<(), Fail> {
                         "NAME",
                         "NODE",
                         "ADDRESS",
+                        "ZONE",
                         "STATE",
                         "LAST HEARD",
                         "LEASE",

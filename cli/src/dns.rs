@@ -132,7 +132,16 @@ struct Answer {
 }
 
 /// A metadata pair a name asks for: key, value (lowercase).
-type MetaFilter<'a> = Option<(&'a str, &'a str)>;
+/// Which of a service's instances a name asks for.
+#[derive(Debug, Clone, Copy)]
+enum Filter<'a> {
+    /// Every one.
+    All,
+    /// Those whose metadata has this key and value (compared without regard to case).
+    Meta(&'a str, &'a str),
+    /// Those owned by a live member of this zone.
+    Zone(&'a str),
+}
 
 /// The SOA's refresh, retry and expire (seconds): nothing transfers this zone, so they are
 /// only the usual values, not promises.
@@ -200,14 +209,17 @@ impl Dns {
             .collect();
         match labels.as_slice() {
             [] => self.apex(qtype),
-            [service, kind] if kind == "service" => self.service(name, service, None, qtype),
+            [service, kind] if kind == "service" => self.service(name, service, Filter::All, qtype),
             [service, proto, kind] if kind == "service" && proto == "_tcp" => match service.strip_prefix('_')
             {
-                Some(service) => self.service(name, service, None, qtype),
+                Some(service) => self.service(name, service, Filter::All, qtype),
                 None => Answer::code(ResponseCode::NXDomain),
             },
             [value, key, meta, service, kind] if meta == "meta" && kind == "service" => {
-                self.service(name, service, Some((key, value)), qtype)
+                self.service(name, service, Filter::Meta(key, value), qtype)
+            }
+            [zone, z, service, kind] if z == "zone" && kind == "service" => {
+                self.service(name, service, Filter::Zone(zone), qtype)
             }
             [hex, kind] if kind == "addr" => match decode_ip(hex) {
                 Some(ip) => self.addr(name, ip, qtype),
@@ -243,16 +255,29 @@ impl Dns {
         a
     }
 
-    fn service(&self, name: &Name, service: &str, meta: MetaFilter<'_>, qtype: RecordType) -> Answer {
+    fn service(&self, name: &Name, service: &str, filter: Filter<'_>, qtype: RecordType) -> Answer {
         // One read: every live instance says whether the name exists; the passing ones answer.
         let live: Vec<roster::Instance> = match roster::registry::ServiceName::new(service) {
             Ok(_) => self.node.lookup_all(service),
             Err(_) => Vec::new(),
         };
-        let live: Vec<roster::Instance> = live.into_iter().filter(|i| has_meta(i, meta)).collect();
+        let in_zone = match filter {
+            Filter::Zone(zone) => self.nodes_in(zone),
+            _ => Vec::new(),
+        };
+        let live: Vec<roster::Instance> = live
+            .into_iter()
+            .filter(|i| match filter {
+                Filter::All => true,
+                Filter::Meta(key, value) => has_meta(i, key, value),
+                Filter::Zone(_) => in_zone.contains(&i.node),
+            })
+            .collect();
         if live.is_empty() {
             return Answer::code(ResponseCode::NXDomain);
         }
+        // The agent's own zone first: a client that takes the first answer takes a near one.
+        let live = self.node.near_first(live, self.node.zone());
         let passing: Vec<(Host, u16)> = live
             .into_iter()
             .filter(|i| i.status.as_str() == "passing")
@@ -278,6 +303,17 @@ impl Dns {
             }
         }
         a
+    }
+
+    /// The ids of the live members in `zone` (zone names are lowercase, as the question is
+    /// matched).
+    fn nodes_in(&self, zone: &str) -> Vec<String> {
+        let replica = self.node.transport().replica();
+        roster::transport::proto::live_members(&replica, wall_ms())
+            .into_iter()
+            .filter(|m| m.zone == zone)
+            .map(|m| m.id.to_string())
+            .collect()
     }
 
     fn srv(&self, a: &mut Answer, name: &Name, host: &Host, port: u16) {
@@ -316,13 +352,18 @@ impl Dns {
     }
 }
 
-/// Whether `i` has the metadata pair a name asks for (any, when it asks none).
-fn has_meta(i: &roster::Instance, meta: MetaFilter<'_>) -> bool {
-    meta.is_none_or(|(key, value)| {
-        i.meta
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.eq_ignore_ascii_case(value))
-    })
+/// The wall clock in milliseconds since the epoch (0 before it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Whether `i` has the metadata pair a name asks for.
+fn has_meta(i: &roster::Instance, key: &str, value: &str) -> bool {
+    i.meta
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.eq_ignore_ascii_case(value))
 }
 
 fn ip_rdata(ip: IpAddr) -> RData {

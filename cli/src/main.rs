@@ -142,6 +142,10 @@ enum Command {
         /// Show every live instance, critical and in maintenance too.
         #[arg(long)]
         all: bool,
+        /// Put first the instances owned by nodes of a zone: the agent's own without a
+        /// value, or the one named (`--near eu-west-1a`).
+        #[arg(long, value_name = "ZONE", num_args = 0..=1, default_missing_value = roster::NEAR_AGENT, conflicts_with = "instance")]
+        near: Option<String>,
     },
     /// Show a service's instances, then its changes as they arrive, until interrupted.
     Watch {
@@ -347,7 +351,8 @@ async fn dispatch(command: Command) -> Result<(), Fail> {
             service,
             instance: None,
             all,
-        } => commands::get(&client, service, all).await,
+            near,
+        } => commands::get(&client, service, all, near).await,
         Command::Watch {
             client,
             service,

@@ -34,6 +34,7 @@ mod health;
 mod health_tests;
 mod inspect;
 mod metrics;
+mod near;
 
 /// A node for the tests beside this file: on a free loopback port, over `dir`, without
 /// the crash-loop guard.
@@ -57,6 +58,7 @@ mod watch;
 
 pub use builder::NodeBuilder;
 pub use error::Error;
+pub use near::NEAR_AGENT;
 pub use registration::Registration;
 pub use summary::{Changes, StatusCounts};
 use values::ms;

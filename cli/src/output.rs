@@ -333,6 +333,7 @@ pub fn status(s: &StatusView) {
     let mut out = vec![
         format!("node:            {} ({})", s.name, s.node),
         format!("address:         {}", s.address),
+        format!("zone:            {}", s.zone),
         format!("version:         {}", s.version),
         format!(
             "uptime:          {}",

@@ -371,13 +371,21 @@ async fn answer(node: &Node, request: Request) -> ServerMessage {
         Request::Services => {
             ServerMessage::Services(node.services().into_iter().map(|(s, n)| (s, n as u64)).collect())
         }
-        Request::Instances { service, all } => match ServiceName::new(&service) {
+        Request::Instances { service, all, near } => match ServiceName::new(&service) {
             Err(e) => error(ErrorKind::Invalid, e.to_string()),
             Ok(_) => {
+                let near = match near.as_deref().map(|z| node.near_zone(z)).transpose() {
+                    Ok(near) => near,
+                    Err(e) => return error(ErrorKind::Invalid, format!("--near: {e}")),
+                };
                 let found = if all {
                     node.lookup_all(&service)
                 } else {
                     node.lookup(&service)
+                };
+                let found = match near {
+                    Some(zone) => node.near_first(found, &zone),
+                    None => found,
                 };
                 ServerMessage::Instances(found.iter().map(|i| i.view()).collect())
             }

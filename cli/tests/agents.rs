@@ -70,6 +70,9 @@ mod tls;
 /// The service map in a real browser.
 #[path = "agents/ui.rs"]
 mod ui;
+/// Zones: set, replicated with membership, shown.
+#[path = "agents/zones.rs"]
+mod zones;
 
 use secrets::{secret_file, STRONG_SECRET};
 use tls::{agent_start_output, path_str};

@@ -550,8 +550,8 @@ async function drawMembers(box) {
     const scalars = Object.entries(me).filter(([, v]) => typeof v !== 'object' || v === null);
     const counters = Object.entries(me.counters || {});
     box.replaceChildren(
-      table(['Name', 'Node', 'Address', 'State', 'Last heard', 'Lease', 'Synced'], members.map((m) => [m.name, m.node, m.address,
-        h('span', { class: m.state === 'alive' ? 'passing' : 'critical' }, m.state), `${span(m.last_heard_ms)} ago`,
+      table(['Name', 'Node', 'Address', 'Zone', 'State', 'Last heard', 'Lease', 'Synced'], members.map((m) => [m.name, m.node, m.address,
+        m.zone == null ? '—' : m.zone, h('span', { class: m.state === 'alive' ? 'passing' : 'critical' }, m.state), `${span(m.last_heard_ms)} ago`,
         m.lease_left_ms == null ? '—' : `in ${span(m.lease_left_ms)}`, m.synced_ms == null ? '—' : `${span(m.synced_ms)} ago`])),
       h('h2', {}, `This agent: ${me.name}`),
       h('dl', { class: 'kv' }, scalars.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, String(v))])),

@@ -240,6 +240,7 @@ async fn clients_prove_the_secret_when_the_agent_asks_and_garbage_is_cut() {
         .request(Request::Instances {
             service: "web".into(),
             all: false,
+            near: None,
         })
         .await
         .unwrap()
@@ -497,6 +498,7 @@ async fn requests_sent_without_waiting_are_answered_in_order_and_registrations_b
     sent.push(Request::Instances {
         service: "web".into(),
         all: false,
+        near: None,
     });
     for r in &sent {
         c.start(r.clone()).await.unwrap();

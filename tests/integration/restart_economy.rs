@@ -184,6 +184,7 @@ fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let owned = OwnedRegistration {
         service: web.clone(),
@@ -244,6 +245,7 @@ fn a_node_restarted_at_the_true_time_keeps_no_lease_of_its_own_from_the_future()
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let resume = Resume {
         drop_unowned: true,
@@ -287,6 +289,7 @@ fn seeded_node(resume: Resume) -> Node {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     Node::with_resume(
         me,
@@ -316,6 +319,7 @@ fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let start = |resume: Resume| seed_dials(&mut seeded_node(resume));
     assert_eq!(
@@ -543,6 +547,7 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let cfg = config();
     let t0 = 1_000_000;
@@ -552,6 +557,7 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
         id: ReplicaId(9),
         name: "peer".into(),
         url: url(9),
+        zone: Default::default(),
     };
     assert!(
         before.handle_connected(1, &peer, true, None, t0),
@@ -608,6 +614,7 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let bulk = ServiceName::new("bulk").unwrap();
     let item = |i: usize, meta: Metadata| OwnedRegistration {
@@ -652,6 +659,7 @@ fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
         id: ReplicaId(1),
         name: "a".into(),
         url: url(1),
+        zone: Default::default(),
     };
     let web = ServiceName::new("web").unwrap();
     let owned = vec![OwnedRegistration {

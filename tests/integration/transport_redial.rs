@@ -13,6 +13,7 @@ fn info(i: u64) -> NodeInfo {
         id: ReplicaId(i),
         name: format!("n{i}"),
         url: url(i as usize),
+        zone: Default::default(),
     }
 }
 

@@ -459,6 +459,7 @@ fn poll_timeout_covers_the_redial_of_lost_peers() {
         id: ReplicaId(1),
         name: "a".into(),
         url: "ws://10.0.0.1:7420".into(),
+        zone: Default::default(),
     };
     let t0 = 1_700_000_000_000;
     let mut node = Node::new(me, Replica::new(ReplicaId(1)), Vec::<String>::new(), cfg, 7, t0).unwrap();

@@ -4,7 +4,7 @@
 //! version that guards it (`PROTOCOL_VERSION`, the handshake's, `CLIENT_PROTOCOL_VERSION`,
 //! or the record's shape with a reader of the old one) and say so in the CHANGELOG.
 
-use roster::api::{self, ClientMessage, InstanceView, Request, ServerMessage};
+use roster::api::{self, ClientMessage, InstanceView, MemberView, Request, ServerMessage};
 use roster::check::Check;
 use roster::store::OwnedRecord;
 use roster_registry::{Hlc, ReplicaId, Status};
@@ -164,10 +164,27 @@ fn client_messages_keep_their_encoding() {
     let bytes = api::encode(&answer);
     assert_eq!(hex(&bytes), CLIENT_INSTANCES, "the encoding of instances changed");
     assert_eq!(api::decode::<ServerMessage>(&bytes).unwrap(), answer);
+    let member = MemberView {
+        node: "0000000000000102".into(),
+        name: "a".into(),
+        address: "ws://10.0.0.7:7420".into(),
+        zone: Some("eu-1".into()),
+        state: "alive".into(),
+        last_heard_ms: 1_200,
+        lease_left_ms: Some(20_000),
+        synced_ms: None,
+    };
+    let answer = ServerMessage::Members(vec![member]);
+    let bytes = api::encode(&answer);
+    assert_eq!(hex(&bytes), CLIENT_MEMBERS, "the encoding of members changed");
+    assert_eq!(api::decode::<ServerMessage>(&bytes).unwrap(), answer);
 }
 
-const CLIENT_REGISTER: &str = "040100037765620d31302e302e302e373a3830383001047a6f6e65016101057765622d3101b0ea0101010d31302e302e302e373a38303830904e8827010300";
-const CLIENT_INSTANCES: &str = "04060103776562057765622d310d31302e302e302e373a3830383001047a6f6e6501610770617373696e6700103030303030303030303030303031303280d095ffbc31b0ba97ffbc31";
+const CLIENT_MEMBERS: &str =
+    "050801103030303030303030303030303031303201611277733a2f2f31302e302e302e373a37343230010465752d3105616c697665b00901a09c0100";
+
+const CLIENT_REGISTER: &str = "050100037765620d31302e302e302e373a3830383001047a6f6e65016101057765622d3101b0ea0101010d31302e302e302e373a38303830904e8827010300";
+const CLIENT_INSTANCES: &str = "05060103776562057765622d310d31302e302e302e373a3830383001047a6f6e6501610770617373696e6700103030303030303030303030303031303280d095ffbc31b0ba97ffbc31";
 
 #[test]
 fn an_own_registration_keeps_its_encoding_on_disk() {

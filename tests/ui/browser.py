@@ -184,7 +184,7 @@ def late_read(driver, a):
 
 def members_show_lease_and_synced(driver):
     """The members table as {name: {column: text}}: a's lease runs and it is not synced
-    with itself; b's lease runs and a has synced with it."""
+    with itself; b's lease runs and a has synced with it; both are in the default zone."""
     rows = driver.execute_script("""
         const t = document.querySelector('main table');
         if (!t) return {};
@@ -197,7 +197,8 @@ def members_show_lease_and_synced(driver):
         return out;""")
     a, b = rows.get("a"), rows.get("b")
     return bool(a and b and a["Lease"].startswith("in ") and a["Synced"] == "\u2014"
-                and b["Lease"].startswith("in ") and b["Synced"].endswith(" ago"))
+                and b["Lease"].startswith("in ") and b["Synced"].endswith(" ago")
+                and a["Zone"] == b["Zone"] == "default")
 
 
 def fail_on_error(driver):

@@ -141,6 +141,7 @@ pub fn start(
         id: replica.id(),
         name: config.name.clone(),
         url: url.clone(),
+        zone: config.zone.clone(),
     };
     let seed = getrandom::u64().map_err(StartError::Random)?;
     let guard = config.resume.crash_guard;

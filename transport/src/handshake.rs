@@ -445,6 +445,8 @@ fn peer_info(h: &Hello) -> NodeInfo {
         id: h.id,
         name: h.name.clone(),
         url: h.url.clone(),
+        // A hello names no zone: a peer's zone is read from its membership.
+        zone: Default::default(),
     }
 }
 

@@ -118,6 +118,7 @@ impl Sim {
                 id: ReplicaId(0x1000 + i as u64),
                 name: format!("m{i}"),
                 url: url(i),
+                zone: Default::default(),
             };
             sim.machines.push(Machine {
                 info,

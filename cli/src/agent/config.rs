@@ -17,6 +17,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
     pub node_name: Option<String>,
+    pub zone: Option<String>,
     pub fanout: Option<usize>,
     pub gossip_interval: Option<String>,
     pub lease_ttl: Option<String>,

@@ -51,7 +51,7 @@ impl FromFile {
 
 /// Each key of the config file that a refusal can be about, and whether the agent uses the
 /// file's value for it (no flag or `ROSTER_<FLAG>` variable gave one).
-pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 14] {
+pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 15] {
     [
         ("listen", args.listen.is_none() && file.listen.is_some()),
         ("advertise", args.advertise.is_none() && file.advertise.is_some()),
@@ -91,6 +91,7 @@ pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 
             args.dns_domain.is_none() && file.dns_domain.is_some(),
         ),
         ("dns-ttl", args.dns_ttl.is_none() && file.dns_ttl.is_some()),
+        ("zone", args.zone.is_none() && file.zone.is_some()),
     ]
 }
 

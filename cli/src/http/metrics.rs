@@ -23,6 +23,10 @@ struct Snapshot {
     counters: NodeCounters,
     peers: (u64, u64),
     members: [(&'static str, u64); 4],
+    /// This agent's zone.
+    zone: String,
+    /// Live members (alive or suspect) by zone.
+    zones: Vec<(String, u64)>,
     services: u64,
     instances: [(&'static str, u64); 4],
     launches_recent: u64,
@@ -67,7 +71,15 @@ async fn snapshot(node: &roster::Node) -> Result<Snapshot, ApiError> {
             }
         }
     }
+    let mut zones = std::collections::BTreeMap::<String, u64>::new();
+    for m in &members {
+        if let (Some(z), roster::MemberState::Alive | roster::MemberState::Suspect) = (&m.zone, m.state) {
+            *zones.entry(z.clone()).or_default() += 1;
+        }
+    }
     Ok(Snapshot {
+        zone: status.zone.clone(),
+        zones: zones.into_iter().collect(),
         counters: node.transport().counters(),
         peers: (outbound, status.peers.len() as u64 - outbound),
         members: [
@@ -322,6 +334,23 @@ impl Snapshot {
             ("roster_members", "Nodes of the cluster, by state.", false),
             "state",
             &self.members,
+        )?;
+        labelled(
+            e,
+            ("roster_zone", "This agent's zone (1, labelled with it).", false),
+            "zone",
+            &[(self.zone.as_str(), 1)],
+        )?;
+        let zones: Vec<(&str, u64)> = self.zones.iter().map(|(z, n)| (z.as_str(), *n)).collect();
+        labelled(
+            e,
+            (
+                "roster_zone_members",
+                "Live members of the cluster, by zone.",
+                false,
+            ),
+            "zone",
+            &zones,
         )?;
         gauge(
             e,

@@ -81,6 +81,9 @@ pub struct ServiceQuery {
     pub wait: Duration,
     /// `?fields=instance,address`: only these fields of each instance (every one if absent).
     pub fields: Option<Fields>,
+    /// `?near=eu-west-1a` or `?near=_agent`: the instances owned by nodes of that zone (or
+    /// of the agent's) first.
+    pub near: Option<String>,
 }
 
 impl ServiceQuery {
@@ -110,9 +113,17 @@ impl ServiceQuery {
                 "index" => q.index = Some(index(&v)?),
                 "wait" => wait = Some(v),
                 "fields" => q.fields = Some(Fields::parse(&v).map_err(ApiError::invalid)?),
+                "near" => {
+                    if v != roster::NEAR_AGENT {
+                        roster::Zone::new(&v).map_err(|e| {
+                            ApiError::invalid(format!("near: {e}, or {}", roster::NEAR_AGENT))
+                        })?;
+                    }
+                    q.near = Some(v);
+                }
                 other => {
                     return Err(ApiError::invalid(format!(
-                        "unknown query parameter {other:?}; this endpoint takes status, meta, all, watch, index, wait and fields"
+                        "unknown query parameter {other:?}; this endpoint takes status, meta, all, watch, index, wait, fields and near"
                     )))
                 }
             }

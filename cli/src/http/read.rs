@@ -49,7 +49,19 @@ pub async fn service(
     if let Some(seen) = q.index {
         watch::until_changed(&app, &name, &q, seen).await;
     }
-    Ok(answer(&select(&app.node, &name, &q), q.fields))
+    let list = select(&app.node, &name, &q);
+    let index = index(&list);
+    let list = match &q.near {
+        Some(near) => app
+            .node
+            .near_first(list, &app.node.near_zone(near).map_err(near_refused)?),
+        None => list,
+    };
+    Ok(answer(&list, index, q.fields))
+}
+
+fn near_refused(e: roster::InvalidZone) -> ApiError {
+    ApiError::invalid(format!("near: {e}, or {}", roster::NEAR_AGENT))
 }
 
 /// `GET /v1/services/{service}/instances/{instance}`: one live instance, whatever its
@@ -110,13 +122,15 @@ pub fn index(list: &[roster::Instance]) -> u64 {
     u64::from_le_bytes(first)
 }
 
-fn answer(list: &[roster::Instance], fields: Option<output::Fields>) -> Response {
+/// The instances as JSON, with `index` (that of the list by id, whatever the order
+/// shown) in the index header.
+fn answer(list: &[roster::Instance], index: u64, fields: Option<output::Fields>) -> Response {
     let body: Vec<output::InstanceJson<'_>> = list
         .iter()
         .map(|i| output::InstanceJson::of(i).only(fields))
         .collect();
     let mut r = Json(body).into_response();
-    if let Ok(v) = HeaderValue::from_str(&index(list).to_string()) {
+    if let Ok(v) = HeaderValue::from_str(&index.to_string()) {
         r.headers_mut().insert(INDEX_HEADER, v);
     }
     r

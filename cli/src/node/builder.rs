@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use roster_transport::driver;
-use roster_transport::proto;
+use roster_transport::proto::{self, Zone};
 
 use super::{
     millis, CrashGuard, Error, DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD, DEFAULT_LEASE_TTL,
@@ -64,6 +64,7 @@ pub struct NodeBuilder {
     data_dir: Option<PathBuf>,
     secret: Option<SecretBytes>,
     name: Option<String>,
+    zone: Zone,
     cluster: String,
     fanout: usize,
     gossip_interval: Duration,
@@ -90,6 +91,7 @@ impl Default for NodeBuilder {
             data_dir: None,
             secret: None,
             name: None,
+            zone: Zone::default(),
             cluster: DEFAULT_CLUSTER.to_string(),
             fanout: protocol.fanout,
             gossip_interval: Duration::from_millis(protocol.gossip_interval_ms),
@@ -154,6 +156,16 @@ impl NodeBuilder {
     #[must_use]
     pub fn node_name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// The failure domain the node runs in (a rack, an availability zone), written with its
+    /// membership so every node knows it: `members`, `status`, the HTTP API and metrics
+    /// show it. Default: [`Zone::DEFAULT`], which writes nothing (a cluster that sets no
+    /// zone writes what it wrote before zones).
+    #[must_use]
+    pub fn zone(mut self, zone: Zone) -> Self {
+        self.zone = zone;
         self
     }
 

@@ -40,6 +40,7 @@ impl Node {
                 node: id,
                 name: m.name.to_string(),
                 address: m.url.unwrap_or_default().to_string(),
+                zone: Some(m.zone.to_string()),
                 state: if late && !is_me {
                     MemberState::Suspect
                 } else {
@@ -59,6 +60,7 @@ impl Node {
                 node: id,
                 name: p.name.unwrap_or_default(),
                 address: p.url.unwrap_or_default(),
+                zone: None,
                 state: if proto::has_left(&replica, p.id) {
                     MemberState::Left
                 } else {
@@ -108,6 +110,7 @@ impl Node {
             node: info.id.to_string(),
             name: info.name.clone(),
             address: info.url.clone(),
+            zone: info.zone.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_ms: millis(self.inner.started.elapsed()),
             peers,

@@ -196,6 +196,9 @@ pub struct Member {
     pub name: String,
     /// Its URL.
     pub address: String,
+    /// Its zone, as its membership names it ([`crate::Zone::DEFAULT`] when it names
+    /// none); `None` for a node gone, whose membership is no more.
+    pub zone: Option<String>,
     /// How it is doing.
     pub state: MemberState,
     /// How long ago it was last heard of.
@@ -217,6 +220,7 @@ impl Member {
             node: self.node.clone(),
             name: self.name.clone(),
             address: self.address.clone(),
+            zone: self.zone.clone(),
             state: self.state.as_str().to_string(),
             last_heard_ms: ms_of(self.last_heard),
             lease_left_ms: self.lease_left.map(ms_of),

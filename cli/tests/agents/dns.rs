@@ -125,6 +125,43 @@ fn srv_and_a_answers_follow_a_registration_on_every_agent() {
 }
 
 #[test]
+fn a_zone_name_answers_with_that_zones_instances_and_every_answer_puts_the_agents_zone_first() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, pa) = dns_agent(&root.path().join("a"), "a", &["--zone", "eu-1"]);
+    let b = Agent::start(&root.path().join("b"), "b", &["--join", &a.url]);
+    // a's own instance sorts last by id: only its zone puts it first.
+    assert!(a
+        .roster(&["register", "web", "10.0.0.7:8080", "--id", "web-z"])
+        .status
+        .success());
+    assert!(b
+        .roster(&["register", "web", "10.0.0.8:8080", "--id", "web-b"])
+        .status
+        .success());
+    eventually("both instances on a", || {
+        dig(pa, "web.service.roster", "A", &[]).0.len() == 2
+    });
+    assert_eq!(
+        dig(pa, "web.service.roster", "A", &[]).0,
+        [
+            "web.service.roster. 0 IN A 10.0.0.7",
+            "web.service.roster. 0 IN A 10.0.0.8"
+        ],
+        "a's zone first"
+    );
+    assert_eq!(
+        dig(pa, "eu-1.zone.web.service.roster", "A", &[]).0,
+        ["eu-1.zone.web.service.roster. 0 IN A 10.0.0.7"]
+    );
+    assert_eq!(
+        dig(pa, "default.zone.web.service.roster", "A", &[]).0,
+        ["default.zone.web.service.roster. 0 IN A 10.0.0.8"],
+        "b set no zone: it is in the default zone"
+    );
+    assert_eq!(dig(pa, "eu-2.zone.web.service.roster", "A", &[]).1, "NXDOMAIN");
+}
+
+#[test]
 fn the_domain_and_ttl_are_the_operators_and_bad_queries_leave_the_server_serving() {
     let root = tempfile::tempdir().unwrap();
     let (a, port) = dns_agent(

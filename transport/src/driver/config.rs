@@ -19,6 +19,8 @@ pub struct DriverConfig {
     pub cluster: String,
     /// This node's name (for people and logs).
     pub name: String,
+    /// The failure domain this node runs in, written with its membership.
+    pub zone: proto::Zone,
     /// The URL peers dial; `None` uses the listener's address, as `ws://`, or `wss://`
     /// with TLS.
     pub advertise_url: Option<String>,
@@ -60,6 +62,7 @@ impl DriverConfig {
         Self {
             cluster: cluster.into(),
             name: name.into(),
+            zone: proto::Zone::default(),
             advertise_url: None,
             secret: None,
             protocol: proto::Config::default(),

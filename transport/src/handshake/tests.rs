@@ -12,6 +12,7 @@ fn cfg(id: u64, cluster: &str, secret: Option<&str>) -> HandshakeConfig {
             id: ReplicaId(id),
             name: format!("node{id}"),
             url: format!("ws://127.0.0.1:{}", 7000 + id),
+            zone: Default::default(),
         },
         secret: secret.map(|s| Secret::new(s).unwrap()),
         max_skew_ms: 5_000,

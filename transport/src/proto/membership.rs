@@ -7,7 +7,7 @@ use roster_registry::{
     Endpoint, InstanceRef, InvalidInput, Lease, Metadata, ProviderId, Replica, ReplicaId, ServiceName,
 };
 
-use super::{Node, NodeInfo};
+use super::{Node, NodeInfo, Zone};
 
 /// The service every roster node registers itself under.
 pub const MEMBERS_SERVICE: &str = "roster";
@@ -26,9 +26,12 @@ static MEMBERS: std::sync::LazyLock<ServiceName> = std::sync::LazyLock::new(|| {
     ServiceName::new(MEMBERS_SERVICE).expect("the members service name is valid")
 });
 
-/// The metadata of a node's member registration: its URL and name.
+/// The metadata of a node's member registration: its URL, name, and zone unless it is
+/// the default (so a cluster that sets none writes what it wrote before zones).
 pub(super) fn member_meta(me: &NodeInfo) -> Metadata {
-    [("url", me.url.as_str()), ("name", me.name.as_str())].into()
+    let mut meta: Vec<(&str, &str)> = vec![("url", me.url.as_str()), ("name", me.name.as_str())];
+    meta.extend(me.zone.written().map(|z| ("zone", z)));
+    meta.into_iter().collect()
 }
 
 /// A live member, as read from its registration.
@@ -40,6 +43,8 @@ pub struct LiveMember<'a> {
     pub url: Option<&'a str>,
     /// Its name, for people (empty when its registration has none).
     pub name: &'a str,
+    /// Its zone ([`Zone::DEFAULT`] when its registration names none).
+    pub zone: &'a str,
     /// The lease of its registration: when it was last renewed, and for how long.
     pub lease: &'a Lease,
 }
@@ -58,6 +63,7 @@ impl<'a> LiveMember<'a> {
             id: ReplicaId(id),
             url: meta.get("url"),
             name: meta.get("name").unwrap_or_default(),
+            zone: Zone::name_of(meta.get("zone")),
             lease: i.lease,
         })
     }
@@ -207,6 +213,37 @@ mod tests {
         write_dead(&mut a, 2, 4_000).unwrap();
         assert!(ids(&a, 4_001).is_empty());
         assert!(!has_left(&a, ReplicaId(2)));
+    }
+
+    #[test]
+    fn a_members_zone_is_read_on_every_replica_and_the_default_zone_is_not_written() {
+        let info = |id: u64, zone: &str| NodeInfo {
+            id: ReplicaId(id),
+            name: format!("n{id}"),
+            url: format!("ws://10.0.0.{id}:7420"),
+            zone: Zone::new(zone).unwrap(),
+        };
+        let mut a = Replica::new(ReplicaId(1));
+        for me in [info(2, "eu-west-1a"), info(3, "default")] {
+            let meta = member_meta(&me);
+            assert_eq!(meta.get("zone"), me.zone.written());
+            let mut x = Replica::new(me.id);
+            let endpoint = url_endpoint(&me.url).unwrap();
+            let delta = x
+                .register(
+                    members_service(),
+                    member_provider(me.id),
+                    endpoint,
+                    meta,
+                    TTL,
+                    Hlc::new(1_000, 0),
+                )
+                .unwrap()
+                .delta;
+            a.apply(delta, 1_000);
+        }
+        let zones: Vec<(u64, &str)> = live_members(&a, 1_001).iter().map(|m| (m.id.0, m.zone)).collect();
+        assert_eq!(zones, vec![(2, "eu-west-1a"), (3, Zone::DEFAULT)]);
     }
 
     #[test]

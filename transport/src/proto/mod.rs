@@ -57,6 +57,7 @@ mod tree;
 /// What the node does with its trees: its writes named, pushes, announcements, grafts.
 mod tree_sync;
 mod types;
+mod zone;
 
 pub use force::ForcedDeath;
 pub use guard::CrashGuard;
@@ -71,6 +72,7 @@ pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume,
 pub use time::Now;
 use time::WallGuard;
 pub use types::{ConnId, Counters, DialTarget, NodeInfo, Output, PeerProgress, ProtocolError};
+pub use zone::{InvalidZone, Zone, MAX_ZONE_LEN};
 
 /// The most dots a full sync may teach us for us to forward what it taught as a delta;
 /// past that, peers are asked for their digests instead.

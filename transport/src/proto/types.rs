@@ -5,10 +5,12 @@ use roster_registry::{Change, ClockSkew, Refusal, ReplicaId};
 
 use crate::message::{Envelope, MessageError};
 
+use super::Zone;
+
 /// A connection, as the driver numbers it.
 pub type ConnId = u64;
 
-/// Who a node is: its replica id, its name, and the URL peers dial.
+/// Who a node is: its replica id, its name, the URL peers dial, and its zone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
     /// The replica id (stable across restarts).
@@ -17,6 +19,8 @@ pub struct NodeInfo {
     pub name: String,
     /// Where peers reach it (`ws://host:port` or `wss://host:port`).
     pub url: String,
+    /// The failure domain it runs in.
+    pub zone: Zone,
 }
 
 /// What the driver should dial.

@@ -64,6 +64,7 @@ impl NodeBuilder {
             .clone()
             .unwrap_or_else(|| format!("node-{}", disk.replica.id()));
         let mut config = DriverConfig::new(self.cluster.clone(), name);
+        config.zone = self.zone.clone();
         config.advertise_url = self.advertise.clone();
         config.secret = secret.clone();
         config.protocol = self.protocol();
