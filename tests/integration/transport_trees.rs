@@ -52,10 +52,16 @@ fn cluster_prepared(cfg: Config, faults: Faults, seed: u64, prepare: impl FnOnce
     };
     let mut sim = Sim::new(N, cfg, faults, seed);
     prepare(&mut sim);
+    settled(sim, seed)
+}
+
+/// `sim` once every node knows every member and the replicas are in step, and 10 s more.
+pub(crate) fn settled(mut sim: Sim, seed: u64) -> Sim {
+    let n = sim.len();
     let known = |sim: &Sim| {
         sim.running()
             .iter()
-            .all(|&i| sim.node(i).unwrap().members(sim.now_ms()).len() == N - 1)
+            .all(|&i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1)
             && sim.converged()
     };
     assert!(
@@ -66,17 +72,20 @@ fn cluster_prepared(cfg: Config, faults: Faults, seed: u64, prepare: impl FnOnce
     sim
 }
 
+/// The payload copies among messages counted by kind: deltas and pushes that carry a
+/// registration (with [`Sim::classify_deltas`]).
+pub(crate) fn payload(by_kind: &BTreeMap<&'static str, (u64, u64)>) -> u64 {
+    ["delta", "push"]
+        .iter()
+        .filter_map(|k| by_kind.get(k))
+        .map(|k| k.0)
+        .sum()
+}
+
 /// Registers `service` on `origin` and runs until every running node shows it; returns
 /// the payload copies (deltas and pushes that carry a registration) received meanwhile.
-fn change(sim: &mut Sim, origin: usize, service: &str, seed: u64) -> u64 {
-    let copies = |sim: &Sim| {
-        let by = sim.traffic_by_kind();
-        ["delta", "push"]
-            .iter()
-            .filter_map(|k| by.get(k))
-            .map(|k| k.0)
-            .sum::<u64>()
-    };
+pub(crate) fn change(sim: &mut Sim, origin: usize, service: &str, seed: u64) -> u64 {
+    let copies = |sim: &Sim| payload(sim.traffic_by_kind());
     sim.classify_deltas(true);
     let before = copies(sim);
     let name = ServiceName::new(service).unwrap();
