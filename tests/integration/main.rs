@@ -36,6 +36,10 @@ mod transport_pushes;
 /// Changes on per-origin trees: copies per node against the flood, holes repaired.
 mod transport_trees;
 
+/// Zones: links that stay in their zone but for a few border nodes, trees that cross each
+/// border about once.
+mod transport_zones;
+
 /// Two nodes driven message by message: acknowledgements across a peer's connections,
 /// and dialing a peer again after losing it.
 mod transport_pair;

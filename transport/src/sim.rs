@@ -16,7 +16,7 @@ use rand::{RngExt, SeedableRng};
 use roster_registry::{Replica, ReplicaId, State};
 
 use crate::message::Envelope;
-use crate::proto::{Config, ConnId, Node, NodeInfo, Now, Output};
+use crate::proto::{Config, ConnId, Node, NodeInfo, Now, Output, Zone};
 pub use network::{url, Faults, Traffic};
 
 #[derive(Debug)]
@@ -77,6 +77,8 @@ pub struct Sim {
     log: Vec<(usize, u64, roster_registry::Change)>,
     keep_log: bool,
     by_kind: BTreeMap<&'static str, (u64, u64)>,
+    /// The same, for messages between machines of different zones.
+    border_by_kind: BTreeMap<&'static str, (u64, u64)>,
     /// Every dial: (time, from, the machine its URL names).
     dials: Vec<(u64, usize, Option<usize>)>,
     /// Whether to tell deltas that carry registrations from those with leases only.
@@ -94,6 +96,17 @@ impl Sim {
     /// `n` machines, all started at time 0, each given machine 0 as its seed (machine 0 has
     /// none). `seed` drives every random choice of the network and of the nodes.
     pub fn new(n: usize, proto: Config, faults: Faults, seed: u64) -> Self {
+        Self::in_zones(n, proto, faults, seed, |_| Zone::default())
+    }
+
+    /// As [`Sim::new`], machine `i` in zone `zone_of(i)`.
+    pub fn in_zones(
+        n: usize,
+        proto: Config,
+        faults: Faults,
+        seed: u64,
+        zone_of: impl Fn(usize) -> Zone,
+    ) -> Self {
         let mut sim = Sim {
             now_ms: 1_700_000_000_000,
             rng: SmallRng::seed_from_u64(seed),
@@ -109,6 +122,7 @@ impl Sim {
             log: Vec::new(),
             keep_log: false,
             by_kind: BTreeMap::new(),
+            border_by_kind: BTreeMap::new(),
             timers: BTreeSet::new(),
             timer_of: vec![None; n],
             keepalives: None,
@@ -118,7 +132,7 @@ impl Sim {
                 id: ReplicaId(0x1000 + i as u64),
                 name: format!("m{i}"),
                 url: url(i),
-                zone: Default::default(),
+                zone: zone_of(i),
             };
             sim.machines.push(Machine {
                 info,
@@ -202,6 +216,11 @@ impl Sim {
     /// Messages and bytes sent so far, by kind of message, over all machines.
     pub fn traffic_by_kind(&self) -> &BTreeMap<&'static str, (u64, u64)> {
         &self.by_kind
+    }
+
+    /// Messages and bytes sent so far between machines of different zones, by kind.
+    pub fn border_traffic_by_kind(&self) -> &BTreeMap<&'static str, (u64, u64)> {
+        &self.border_by_kind
     }
 
     /// The traffic of machine `i` so far.

@@ -113,6 +113,16 @@ pub struct Config {
     /// as 1: equal copies would move parents back and forth); `u16::MAX` keeps every
     /// node's first parent.
     pub parent_saving: u16,
+    /// How many nodes of each zone (the first by id among its live members) keep one
+    /// outbound link to another zone: the node of rank `r` to the zone `2^r` places on
+    /// along the ring of zones sorted by name, each pair of zones linked once (see
+    /// `borders`); the others keep their links in their own zone. With no zones set,
+    /// every node is in one zone and this does nothing; 0: links ignore zones.
+    pub border_links: usize,
+    /// What a link to a member of another zone counts in the trees' choice of parents
+    /// (a link within a zone counts 1): a change crosses each border about once. 1
+    /// ignores zones.
+    pub zone_border_cost: u16,
 }
 
 impl Default for Config {
@@ -167,6 +177,12 @@ impl Default for Config {
             // left a link eager for a while: at 300 nodes 1.26 copies a node per change
             // (1.10 at 2, 1.03 never moving), for 25 ms to every node (27 at 2, 31 never).
             parent_saving: 2,
+            // The ring and chords to 2 and 4 zones on: every zone within a few borders of
+            // every other up to about 16 zones.
+            border_links: 3,
+            // More than a path across a zone takes (a few links): a tree enters a zone
+            // once, by one border, and spreads inside it.
+            zone_border_cost: 10,
         }
     }
 }

@@ -31,7 +31,7 @@ impl Node {
             BTreeSet::new()
         };
         let candidates = self.dial_candidates(members, &connected, now);
-        let room = self.dial_peers(candidates, room, now);
+        let room = self.dial_by_zone(candidates, room, now);
         // Seeds bootstrap a node that knows no member yet. For its first minutes, a node
         // also dials each seed it has not reached and at which no node it knows stands:
         // nodes started together can join as two groups, each having reached only its own
@@ -139,7 +139,12 @@ impl Node {
     }
 
     /// Dials up to `room` of `candidates`, drawn at random; returns the room left.
-    fn dial_peers(&mut self, mut candidates: Vec<(ReplicaId, String)>, mut room: usize, now: Now) -> usize {
+    pub(super) fn dial_peers(
+        &mut self,
+        mut candidates: Vec<(ReplicaId, String)>,
+        mut room: usize,
+        now: Now,
+    ) -> usize {
         while room > 0 && !candidates.is_empty() {
             let i = self.rng.random_range(0..candidates.len());
             let (id, url) = candidates.swap_remove(i);
@@ -431,6 +436,8 @@ impl Node {
         }
         self.counters.connections += 1;
         self.heard_from(peer.id);
+        let view = self.zone_view(now.wall_ms);
+        self.cost_links_by_zone(&view);
         let p = self.peers.entry(peer.id).or_default();
         // Remembered to name it in `members` after it leaves. Not as a URL to dial again:
         // that comes from its membership, and a seed's own backoff covers the rest.

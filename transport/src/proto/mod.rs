@@ -33,6 +33,8 @@ use crate::message::{self, Message};
 
 /// The anti-entropy exchange with random members.
 mod anti_entropy;
+/// Links across zone borders: which links cross, and what crossing costs the trees.
+mod borders;
 /// Many owned registrations written in one delta.
 mod bulk;
 mod config;

@@ -109,6 +109,7 @@ impl Node {
         if self.reconnect_at <= mono {
             self.reconnect_at = mono + self.jitter(self.cfg.reconnect_interval_ms.max(1));
             self.reconnect_lost(now);
+            self.tend_borders(now);
         }
         if self.rotate_at <= mono {
             self.rotate_at = mono + self.jitter(self.cfg.rotate_interval_ms.max(1));

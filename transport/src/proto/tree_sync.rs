@@ -42,7 +42,9 @@ impl Node {
     /// Sets what crossing the link from `peer` counts in the trees' choice of links (1 by
     /// default; a link to another failure domain may count more). A node's parent for a
     /// root is the link whose copy came at the least cost, so trees cross costly links as
-    /// seldom as the links allow.
+    /// seldom as the links allow. Once members of other zones are known, the zones set the
+    /// costs of the links (see `Config::zone_border_cost`), at each connection and each
+    /// reconnect round.
     pub fn set_link_cost(&mut self, peer: ReplicaId, cost: u16) {
         self.trees.set_cost(peer, cost);
     }

@@ -201,6 +201,11 @@ impl Sim {
             return;
         };
         let to = self.ends.get(&end.other).map_or(from, |e| e.node);
+        if self.machines[from].info.zone != self.machines[to].info.zone {
+            let k = self.border_by_kind.entry(kind).or_default();
+            k.0 += 1;
+            k.1 += bytes;
+        }
         let f = self.link_faults(from, to);
         if self.rng.random_range(0..1_000) < f.loss_permille {
             return;
