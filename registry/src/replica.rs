@@ -5,7 +5,8 @@
 //! so the caller can ship the delta as is. Reads take `now_ms` and hide what has expired at
 //! once; [`Replica::expire`] only collects it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::context::CausalContext;
 use crate::error::{InvalidInput, RetireError};
@@ -17,6 +18,7 @@ use crate::value::{Endpoint, Lease, Registration};
 
 mod apply;
 mod bulk;
+mod unreachable;
 
 pub use bulk::NewRegistration;
 
@@ -30,6 +32,10 @@ pub struct Replica {
     counter_floor: u64,
     /// The keys changed since they were last taken, when tracked (see `persist`).
     pub(crate) changed: Option<crate::persist::ChangedKeys>,
+    /// Nodes that reads still show, as unreachable, although their lease ended or was
+    /// removed, each with a stand-in lease that ends when they stop being shown (see
+    /// [`Replica::set_unreachable`]). Not replicated: each node's own judgement.
+    unreachable: Arc<BTreeMap<ReplicaId, Lease>>,
 }
 
 /// A live service instance as a read sees it, borrowed from the replica.
@@ -43,8 +49,12 @@ pub struct InstanceRef<'a> {
     pub dot: &'a Dot,
     /// The registration.
     pub registration: &'a Registration,
-    /// The lease of the node that wrote it, which keeps it alive.
+    /// The lease of the node that wrote it, which keeps it alive (for an unreachable
+    /// node, a stand-in that ends when reads stop showing it).
     pub lease: &'a Lease,
+    /// Whether its node is unreachable: its lease ended or was removed, and this replica
+    /// shows it all the same (see [`Replica::set_unreachable`]).
+    pub unreachable: bool,
 }
 
 impl InstanceRef<'_> {
@@ -65,6 +75,7 @@ impl InstanceRef<'_> {
             written: self.registration.written,
             node: self.node(),
             lease_deadline_ms: self.lease.deadline_ms(),
+            unreachable: self.unreachable,
         }
     }
 }
@@ -91,6 +102,8 @@ pub struct Instance {
     /// When the lease of the node that wrote it ends, in milliseconds since the epoch,
     /// unless renewed.
     pub lease_deadline_ms: u64,
+    /// Whether its node is unreachable (see [`InstanceRef::unreachable`]).
+    pub unreachable: bool,
 }
 
 /// A change in what a read would return: an instance came up (or changed), or went down.
@@ -143,6 +156,7 @@ impl Replica {
             state,
             counter_floor,
             changed: None,
+            unreachable: Arc::default(),
         }
     }
 
@@ -310,24 +324,45 @@ impl Replica {
     /// and a concurrent renewal (a new dot) survives it. The grace must be at least the
     /// clock skew allowed between nodes. `None` when nothing has expired.
     pub fn expire(&mut self, now_ms: u64, grace_ms: u64) -> Option<Applied> {
+        self.expire_holding(now_ms, grace_ms, &BTreeSet::new())
+    }
+
+    /// As [`Replica::expire`], but leaves the nodes of `hold`, and the nodes shown as
+    /// unreachable ([`Replica::set_unreachable`]), and their writes, to a later sweep: a
+    /// node whose removal may yet be judged an unreachable zone's keeps what reads would
+    /// show of it.
+    pub fn expire_holding(
+        &mut self,
+        now_ms: u64,
+        grace_ms: u64,
+        hold: &BTreeSet<ReplicaId>,
+    ) -> Option<Applied> {
+        let spared: BTreeSet<ReplicaId> = hold.iter().chain(self.unreachable.keys()).copied().collect();
         let ended: BTreeSet<ReplicaId> = self
             .state
             .leases
             .iter()
+            .filter(|(n, _)| !spared.contains(n))
             .filter(|(_, f)| {
                 f.winner(|l| l.issued)
                     .is_some_and(|(_, l)| l.deadline_ms().saturating_add(grace_ms) <= now_ms)
             })
             .map(|(n, _)| *n)
             .collect();
-        self.remove_nodes(ended, true, now_ms)
+        self.remove_nodes(ended, Some(&spared), now_ms)
     }
 
     /// Removes the leases of `nodes` and every registration write they made, and with
     /// `orphans` also every write whose node holds no lease here although this replica has
     /// seen the lease it was written under: that lease was collected by a sweep that did
-    /// not know of the write (made concurrently). One whose lease has not arrived yet stays.
-    fn remove_nodes(&mut self, nodes: BTreeSet<ReplicaId>, orphans: bool, now_ms: u64) -> Option<Applied> {
+    /// not know of the write (made concurrently), or written dead. One whose lease has not
+    /// arrived yet stays, and so do those of the nodes `orphans` spares.
+    fn remove_nodes(
+        &mut self,
+        nodes: BTreeSet<ReplicaId>,
+        orphans: Option<&BTreeSet<ReplicaId>>,
+        now_ms: u64,
+    ) -> Option<Applied> {
         let mut dots = Vec::new();
         let mut leases = BTreeSet::new();
         for n in &nodes {
@@ -337,10 +372,12 @@ impl Replica {
                 leases.insert(*n);
             }
         }
-        let goes = |d: &Dot, r: &Registration| {
-            nodes.contains(&d.actor)
-                || (orphans && self.state.lease(d.actor).is_none() && self.state.ctx.contains(&r.lease_dot))
+        let orphan = |d: &Dot, r: &Registration| {
+            orphans.is_some_and(|spared| !spared.contains(&d.actor))
+                && self.state.lease(d.actor).is_none()
+                && self.state.ctx.contains(&r.lease_dot)
         };
+        let goes = |d: &Dot, r: &Registration| nodes.contains(&d.actor) || orphan(d, r);
         let mut regs = BTreeSet::new();
         for (key, f) in &self.state.regs {
             for (d, _) in f.iter().filter(|(d, r)| goes(d, r)) {
@@ -492,12 +529,9 @@ impl Replica {
     ) -> Option<InstanceRef<'a>> {
         // The greatest `(written, dot)` among the writes whose node's lease is live: a write
         // lives by the lease of the node that made it.
-        let (dot, registration, lease) = f
+        let (dot, registration, (lease, unreachable)) = f
             .iter()
-            .filter_map(|(d, r)| {
-                let lease = self.lease_of(d.actor).filter(|l| l.is_live(now_ms))?;
-                Some((d, r, lease))
-            })
+            .filter_map(|(d, r)| Some((d, r, self.live_lease(d.actor, now_ms)?)))
             .max_by(|a, b| (a.1.written, a.0).cmp(&(b.1.written, b.0)))?;
         Some(InstanceRef {
             service: &k.service,
@@ -505,6 +539,7 @@ impl Replica {
             dot,
             registration,
             lease,
+            unreachable,
         })
     }
 
