@@ -82,11 +82,15 @@ impl Node {
 
     pub(super) fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
         let mut lost = Vec::new();
+        let mut refute = false;
         for c in changes {
             match &c {
                 Change::Down { service, provider } => {
                     if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {
-                        lost.push((service.clone(), provider.clone(), o.clone()));
+                        refute |= self.lease_gone(now);
+                        if !self.holds_own_write(service, provider, now) {
+                            lost.push((service.clone(), provider.clone(), o.clone()));
+                        }
                     }
                 }
                 Change::Up(i) if i.node != self.me.id => {
@@ -105,6 +109,11 @@ impl Node {
                 Change::Up(_) => {}
             }
             self.outputs.push_back(Output::Event(c));
+        }
+        // Written dead: renew first (what our held writes were hid comes back as it was),
+        // then write again only what a sweep took.
+        if refute {
+            self.refute_death(now);
         }
         // A peer's sweep removed a registration we still hold (its lease looked ended
         // there), or another node wrote over it: write it again. Our own replica is the
@@ -133,6 +142,23 @@ impl Node {
         }
     }
 
+    /// Whether this node's lease is gone here (written dead, or ended).
+    fn lease_gone(&self, now: Now) -> bool {
+        !self
+            .replica
+            .lease_of(self.me.id)
+            .is_some_and(|l| l.is_live(now.wall_ms))
+    }
+
+    /// Whether our write of `service`/`provider` is still held: then a renewal of our lease
+    /// brings it back as it was, everywhere it was not swept, and it is not written again
+    /// (a healed zone would otherwise write every registration it holds anew).
+    fn holds_own_write(&self, service: &ServiceName, provider: &ProviderId, now: Now) -> bool {
+        self.replica
+            .explain(service, provider, now.wall_ms)
+            .is_some_and(|p| p.writes.iter().any(|(d, _)| d.actor == self.me.id))
+    }
+
     /// Renews this node's lease: one small delta for everything it owns.
     pub(super) fn renew(&mut self, now: Now) {
         let mut next = u64::MAX;
@@ -142,6 +168,8 @@ impl Node {
             if let Ok(applied) = self.replica.renew(ttl, stamp) {
                 self.buffer_own(applied.delta, now);
                 self.schedule_push(now);
+                // What a lease written dead hid comes back (nothing, for a renewal on time).
+                self.emit_changes(applied.changes, now);
             }
             next = ttl / 2;
         }

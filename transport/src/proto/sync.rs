@@ -364,10 +364,13 @@ impl Node {
                 }
                 None => self.learnt_out_of_band(now),
             }
+        }
+        // What the join hid goes down first: a refutation's renewal brings our own back.
+        self.emit_changes(changes, now);
+        if report.changed() {
             self.clear_suspects_that_wrote();
             self.refute_death(now);
         }
-        self.emit_changes(changes, now);
     }
 
     /// A full sync taught us things the buffer does not hold: peers' acknowledgements no
