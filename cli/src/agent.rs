@@ -48,6 +48,23 @@ pub struct AgentArgs {
     /// `members` and `status`: a DNS label such as eu-west-1a [default: default].
     #[arg(long, value_name = "ZONE", env = "ROSTER_ZONE", value_parser = parse_zone)]
     zone: Option<roster::Zone>,
+    /// Damping: when more than PCT percent of another zone's members are lost within
+    /// --damping-window, that zone is judged cut off, not dead: its instances are shown
+    /// `unreachable` instead of removed; 100 never damps [default: 30].
+    #[arg(long, value_name = "PCT", env = "ROSTER_DAMPING_SHARE", value_parser = clap::value_parser!(u8).range(0..=100))]
+    damping_share: Option<u8>,
+    /// The window a zone's losses must fall in to damp it [default: 30s].
+    #[arg(long, value_name = "DUR", env = "ROSTER_DAMPING_WINDOW", value_parser = parse_duration)]
+    damping_window: Option<Duration>,
+    /// How long a damped zone's members are shown unreachable before they are gone as
+    /// dead nodes are [default: 10m].
+    #[arg(long, value_name = "DUR", env = "ROSTER_DAMPING_BOUND", value_parser = parse_duration)]
+    damping_bound: Option<Duration>,
+    /// Serve unreachable instances in reads (`get`, DNS, the HTTP API) as passing ones are,
+    /// instead of listing them only with --all: for services that keep serving when the
+    /// registry's network to their zone is cut.
+    #[arg(long)]
+    serve_unreachable: bool,
     /// Peers each gossip round goes to, and the most outbound connections; a change goes to
     /// every connected peer [default: 2].
     #[arg(long, value_name = "N", env = "ROSTER_FANOUT")]
@@ -290,6 +307,7 @@ struct Settings {
     secret_file: Option<PathBuf>,
     node_name: Option<String>,
     zone: roster::Zone,
+    damping: roster::Damping,
     fanout: Option<usize>,
     gossip: Option<Duration>,
     lease: Option<Duration>,
@@ -327,6 +345,7 @@ impl Settings {
             Some(d) => Ok(Some(d)),
             None => file_duration(&cfg_path, text, key, value),
         };
+        let damping = damping(&args, &file, &duration, &from_file)?;
         Ok(Self {
             listen: args
                 .listen
@@ -349,6 +368,7 @@ impl Settings {
                 (None, Some(z)) => parse_zone(&z).map_err(|e| from_file.name("zone", Fail::usage(e)))?,
                 (None, None) => roster::Zone::default(),
             },
+            damping,
             fanout: args.fanout.or(file.fanout),
             gossip: duration(args.gossip_interval, "gossip-interval", file.gossip_interval)?,
             lease: duration(args.lease_ttl, "lease-ttl", file.lease_ttl)?,
@@ -468,7 +488,7 @@ impl Settings {
         if let Some(n) = &self.node_name {
             b = b.node_name(n.clone());
         }
-        b = b.zone(self.zone.clone());
+        b = b.zone(self.zone.clone()).damping(self.damping);
         if let Some(f) = self.fanout {
             b = b.fanout(f);
         }
@@ -592,6 +612,50 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// A duration from its flag or, without one, from its config file key.
+type DurationSetting<'a> =
+    dyn Fn(Option<Duration>, &str, Option<String>) -> Result<Option<Duration>, Fail> + 'a;
+
+/// The damping's settings, flags over the config file, checked: the window within the
+/// bound, the bound at most a day.
+fn damping(
+    args: &AgentArgs,
+    file: &FileConfig,
+    duration: &DurationSetting<'_>,
+    from_file: &FromFile,
+) -> Result<roster::Damping, Fail> {
+    let d = roster::Damping::default();
+    let share = match (args.damping_share, file.damping_share) {
+        (Some(s), _) => s,
+        (None, Some(s)) if s <= 100 => s,
+        (None, Some(s)) => {
+            return Err(from_file.name(
+                "damping-share",
+                Fail::usage(format!(
+                    "damping-share {s} is not a percentage: give 0 to 100 (100 never damps)"
+                )),
+            ))
+        }
+        (None, None) => d.share_pct,
+    };
+    let window =
+        duration(args.damping_window, "damping-window", file.damping_window.clone())?.unwrap_or(d.window);
+    let bound = duration(args.damping_bound, "damping-bound", file.damping_bound.clone())?.unwrap_or(d.bound);
+    if window.is_zero() || window > bound || bound > Duration::from_secs(24 * 3600) {
+        return Err(Fail::usage(format!(
+            "--damping-window {} and --damping-bound {} do not fit: give a window above 0 and at most the bound, and a bound of at most 24h",
+            humantime::format_duration(window),
+            humantime::format_duration(bound)
+        )));
+    }
+    Ok(roster::Damping {
+        share_pct: share,
+        window,
+        bound,
+        serve_unreachable: args.serve_unreachable || file.serve_unreachable.unwrap_or(false),
+    })
 }
 
 /// A zone from a flag, a variable or the config file.

@@ -237,7 +237,8 @@ pub struct InstanceView {
     pub address: String,
     /// Metadata.
     pub meta: Vec<(String, String)>,
-    /// `passing`, `warning`, `critical` or `maintenance`.
+    /// `passing`, `warning`, `critical` or `maintenance`; `unreachable` for an instance of
+    /// a node of a zone judged cut off.
     pub status: String,
     /// Why (a check's output, a maintenance reason); empty when there is nothing to say.
     pub note: String,

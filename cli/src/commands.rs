@@ -346,7 +346,7 @@ async fn none_served(c: &ClientArgs, service: &str, all: bool) -> Fail {
         format!("no live instances of {service}; `roster ls` lists the services that have some")
     } else {
         format!(
-            "no served instances of {service}: {hidden} critical or in maintenance; `roster get {service} --all` shows them"
+            "no served instances of {service}: {hidden} critical, in maintenance or unreachable; `roster get {service} --all` shows them"
         )
     })
 }

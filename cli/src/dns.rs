@@ -280,7 +280,7 @@ impl Dns {
         let live = self.node.near_first(live, self.node.zone());
         let passing: Vec<(Host, u16)> = live
             .into_iter()
-            .filter(|i| i.status.as_str() == "passing")
+            .filter(|i| i.status.as_str() == "passing" && self.node.serves(i))
             .filter_map(|i| host_port(&i.address))
             .take(MAX_ANSWERS)
             .collect();

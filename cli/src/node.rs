@@ -56,13 +56,13 @@ mod unsaved;
 mod values;
 mod watch;
 
-pub use builder::NodeBuilder;
+pub use builder::{Damping, NodeBuilder};
 pub use error::Error;
 pub use near::NEAR_AGENT;
 pub use registration::Registration;
 pub use summary::{Changes, StatusCounts};
 use values::ms;
-pub use values::{Event, Instance, Member, MemberState, Service};
+pub use values::{Event, Instance, Member, MemberState, Service, UNREACHABLE};
 pub use watch::Watch;
 
 pub use bulk::MAX_BATCH_ITEMS;
@@ -148,6 +148,8 @@ pub(crate) struct Inner {
     pub(crate) client_auth_always: bool,
     /// Whether exec health checks run here.
     exec_checks: bool,
+    /// Whether reads serve unreachable instances (see [`Damping`](builder::Damping)).
+    serve_unreachable: bool,
     /// TLS for `https://` health checks: the node's CA as the only roots (`None`: a node
     /// without TLS files, which refuses them).
     check_tls: Option<roster_transport::driver::ClientTls>,
@@ -383,8 +385,14 @@ impl Node {
     /// local replica (no network), sorted by id.
     pub fn lookup(&self, service: &str) -> Vec<Instance> {
         let mut all = self.lookup_all(service);
-        all.retain(Instance::is_served);
+        all.retain(|i| self.serves(i));
         all
+    }
+
+    /// Whether reads return `i` unless asked for every instance: passing or warning, and
+    /// reachable unless this node serves unreachable instances.
+    pub fn serves(&self, i: &Instance) -> bool {
+        i.is_served() || (self.inner.serve_unreachable && i.unreachable && i.status.is_served())
     }
 
     /// Every live instance of `service`, whatever its status, sorted by id.

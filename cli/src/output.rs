@@ -201,7 +201,7 @@ impl<'a> InstanceJson<'a> {
             note: Some(&i.note),
             registered_at: Some(Rfc3339(wall_ms(i.registered_at))),
             service: Some(&i.service),
-            status: Some(i.status.as_str()),
+            status: Some(i.status_name()),
         }
     }
 
@@ -466,6 +466,7 @@ mod tests {
             node: "3b94983390832086".into(),
             registered_at: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
             lease_expires_at: UNIX_EPOCH + Duration::from_millis(1_764_000_030_456),
+            unreachable: false,
         };
         let direct = serde_json::to_string(&InstanceJson::of(&i)).unwrap();
         let via_value = serde_json::to_string(&instance_json(&i.view())).unwrap();

@@ -1,7 +1,7 @@
 // roster's service map: reads this agent's HTTP API (docs/reference/http.md) as any client
 // does, and follows its event streams. Plain JavaScript, no build step, no dependencies.
 
-const STATUSES = ['passing', 'warning', 'critical', 'maintenance'];
+const STATUSES = ['passing', 'warning', 'critical', 'maintenance', 'unreachable'];
 /** The most changes the Changes view keeps. */
 const MAX_CHANGES = 500;
 /** How long a blocking query on the summary waits before it is asked again. */

@@ -40,6 +40,9 @@ mod transport_trees;
 /// border about once.
 mod transport_zones;
 
+/// Damping: a zone cut off is shown unreachable, never removed, and back after the heal.
+mod transport_damping;
+
 /// Two nodes driven message by message: acknowledgements across a peer's connections,
 /// and dialing a peer again after losing it.
 mod transport_pair;

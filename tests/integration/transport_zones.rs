@@ -10,8 +10,8 @@ use crate::support::sim_seed;
 use crate::transport_sim::config;
 use crate::transport_trees::{change, payload, settled};
 
-const ZONES: usize = 3;
-const PER_ZONE: usize = 7;
+pub(crate) const ZONES: usize = 3;
+pub(crate) const PER_ZONE: usize = 7;
 
 fn zone_of(i: usize) -> Zone {
     Zone::new(&format!("zone-{}", i % ZONES)).unwrap()
@@ -19,7 +19,7 @@ fn zone_of(i: usize) -> Zone {
 
 /// `ZONES` zones of `PER_ZONE` nodes, machine `i` in zone `i % ZONES`, in step, with a
 /// reconnect round behind them (links priced by zone, border links in place).
-fn zoned(cfg: Config, seed: u64) -> Sim {
+pub(crate) fn zoned(cfg: Config, seed: u64) -> Sim {
     let cfg = Config {
         dissemination: Dissemination::Tree,
         rotate_interval_ms: 0,

@@ -51,7 +51,7 @@ impl FromFile {
 
 /// Each key of the config file that a refusal can be about, and whether the agent uses the
 /// file's value for it (no flag or `ROSTER_<FLAG>` variable gave one).
-pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 15] {
+pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 18] {
     [
         ("listen", args.listen.is_none() && file.listen.is_some()),
         ("advertise", args.advertise.is_none() && file.advertise.is_some()),
@@ -92,6 +92,18 @@ pub fn keys_used(args: &AgentArgs, file: &FileConfig) -> [(&'static str, bool); 
         ),
         ("dns-ttl", args.dns_ttl.is_none() && file.dns_ttl.is_some()),
         ("zone", args.zone.is_none() && file.zone.is_some()),
+        (
+            "damping-share",
+            args.damping_share.is_none() && file.damping_share.is_some(),
+        ),
+        (
+            "damping-window",
+            args.damping_window.is_none() && file.damping_window.is_some(),
+        ),
+        (
+            "damping-bound",
+            args.damping_bound.is_none() && file.damping_bound.is_some(),
+        ),
     ]
 }
 

@@ -22,13 +22,15 @@ use super::App;
 struct Snapshot {
     counters: NodeCounters,
     peers: (u64, u64),
-    members: [(&'static str, u64); 4],
+    members: [(&'static str, u64); 5],
     /// This agent's zone.
     zone: String,
     /// Live members (alive or suspect) by zone.
     zones: Vec<(String, u64)>,
+    /// Members shown as unreachable (their zone damped), by zone.
+    unreachable_zones: Vec<(String, u64)>,
     services: u64,
-    instances: [(&'static str, u64); 4],
+    instances: [(&'static str, u64); 5],
     launches_recent: u64,
     crash_guard: bool,
     synced: bool,
@@ -63,28 +65,36 @@ async fn snapshot(node: &roster::Node) -> Result<Snapshot, ApiError> {
         ("warning", 0),
         ("critical", 0),
         ("maintenance", 0),
+        (roster::UNREACHABLE, 0),
     ];
     for (service, _) in node.services() {
         for i in node.lookup_all(&service) {
-            if let Some(slot) = by_status.iter_mut().find(|(s, _)| *s == i.status.as_str()) {
+            if let Some(slot) = by_status.iter_mut().find(|(s, _)| *s == i.status_name()) {
                 slot.1 += 1;
             }
         }
     }
     let mut zones = std::collections::BTreeMap::<String, u64>::new();
+    let mut unreachable = std::collections::BTreeMap::<String, u64>::new();
     for m in &members {
-        if let (Some(z), roster::MemberState::Alive | roster::MemberState::Suspect) = (&m.zone, m.state) {
-            *zones.entry(z.clone()).or_default() += 1;
+        match (&m.zone, m.state) {
+            (Some(z), roster::MemberState::Alive | roster::MemberState::Suspect) => {
+                *zones.entry(z.clone()).or_default() += 1;
+            }
+            (Some(z), roster::MemberState::Unreachable) => *unreachable.entry(z.clone()).or_default() += 1,
+            _ => {}
         }
     }
     Ok(Snapshot {
         zone: status.zone.clone(),
         zones: zones.into_iter().collect(),
+        unreachable_zones: unreachable.into_iter().collect(),
         counters: node.transport().counters(),
         peers: (outbound, status.peers.len() as u64 - outbound),
         members: [
             ("alive", count(roster::MemberState::Alive)),
             ("suspect", count(roster::MemberState::Suspect)),
+            ("unreachable", count(roster::MemberState::Unreachable)),
             ("left", count(roster::MemberState::Left)),
             ("failed", count(roster::MemberState::Failed)),
         ],
@@ -351,6 +361,21 @@ impl Snapshot {
             ),
             "zone",
             &zones,
+        )?;
+        let unreachable: Vec<(&str, u64)> = self
+            .unreachable_zones
+            .iter()
+            .map(|(z, n)| (z.as_str(), *n))
+            .collect();
+        labelled(
+            e,
+            (
+                "roster_zone_unreachable_members",
+                "Members shown as unreachable, not dead: their zone was judged cut off (damped), by zone.",
+                false,
+            ),
+            "zone",
+            &unreachable,
         )?;
         gauge(
             e,

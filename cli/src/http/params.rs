@@ -60,7 +60,13 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// How long a blocking query waits unless told.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 /// The statuses an instance can have.
-const STATUSES: [&str; 4] = ["passing", "warning", "critical", "maintenance"];
+const STATUSES: [&str; 5] = [
+    "passing",
+    "warning",
+    "critical",
+    "maintenance",
+    roster::UNREACHABLE,
+];
 /// The most `meta` filters a query may give.
 const MAX_META_FILTERS: usize = 16;
 
@@ -150,15 +156,14 @@ impl ServiceQuery {
     /// Whether the query may show instances that reads leave out (critical, maintenance).
     pub fn wide(&self) -> bool {
         self.all
-            || self
-                .status
-                .as_ref()
-                .is_some_and(|s| s.contains("critical") || s.contains("maintenance"))
+            || self.status.as_ref().is_some_and(|s| {
+                s.contains("critical") || s.contains("maintenance") || s.contains(roster::UNREACHABLE)
+            })
     }
 
     /// Whether `i` passes the status and metadata filters.
     pub fn admits(&self, i: &roster::Instance) -> bool {
-        self.status.as_ref().is_none_or(|s| s.contains(i.status.as_str()))
+        self.status.as_ref().is_none_or(|s| s.contains(i.status_name()))
             && self.meta.iter().all(|(k, v)| i.meta.get(k) == Some(v))
     }
 }
@@ -171,7 +176,7 @@ fn statuses(v: &str) -> Result<BTreeSet<String>, ApiError> {
                 Ok(s.to_string())
             } else {
                 Err(ApiError::invalid(format!(
-                    "status {s:?} is not one of passing, warning, critical, maintenance"
+                    "status {s:?} is not one of passing, warning, critical, maintenance, unreachable"
                 )))
             }
         })

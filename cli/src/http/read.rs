@@ -102,7 +102,7 @@ pub fn index(list: &[roster::Instance]) -> u64 {
         for part in [
             i.id.as_str(),
             i.address.as_str(),
-            i.status.as_str(),
+            i.status_name(),
             i.note.as_str(),
         ] {
             h.update(part.as_bytes());

@@ -39,7 +39,7 @@ pub async fn prometheus(State(app): State<App>, Pairs(pairs): Pairs) -> Result<J
     let mut groups = Vec::new();
     for service in services {
         for i in app.node.lookup(&service) {
-            if i.status.as_str() == "passing" {
+            if i.status_name() == "passing" {
                 groups.push(group(&i));
             }
         }

@@ -85,6 +85,7 @@ fn answer(counts: &[(String, roster::StatusCounts)]) -> Response {
             serde_json::json!({
                 "service": s, "instances": c.total(), "passing": c.passing,
                 "warning": c.warning, "critical": c.critical, "maintenance": c.maintenance,
+                "unreachable": c.unreachable,
             })
         })
         .collect();

@@ -78,6 +78,35 @@ pub struct NodeBuilder {
     crash_guard: Option<CrashGuard>,
     tls: Option<driver::TlsConfig>,
     exec_checks: bool,
+    damping: Damping,
+}
+
+/// How this node damps a cut-off zone (see [`NodeBuilder::damping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Damping {
+    /// The share of another zone's members, in percent (0 to 100), that must be lost
+    /// within `window` for the zone to be judged cut off; 100 never damps.
+    pub share_pct: u8,
+    /// The window those losses must fall in.
+    pub window: Duration,
+    /// How long a member of a damped zone is shown as unreachable before it is gone.
+    pub bound: Duration,
+    /// Whether reads serve unreachable instances (passing or warning before the cut) as
+    /// they serve passing ones; by default they list them only when asked for every
+    /// instance.
+    pub serve_unreachable: bool,
+}
+
+impl Default for Damping {
+    fn default() -> Self {
+        let p = proto::Config::default();
+        Self {
+            share_pct: p.damping_share_pct,
+            window: Duration::from_millis(p.damping_window_ms),
+            bound: Duration::from_millis(p.damping_bound_ms),
+            serve_unreachable: false,
+        }
+    }
 }
 
 impl Default for NodeBuilder {
@@ -105,6 +134,7 @@ impl Default for NodeBuilder {
             crash_guard: Some(DEFAULT_CRASH_GUARD),
             tls: None,
             exec_checks: false,
+            damping: Damping::default(),
         }
     }
 }
@@ -236,6 +266,18 @@ impl NodeBuilder {
     #[must_use]
     pub fn sync_min_interval(mut self, d: Duration) -> Self {
         self.sync_min_interval = d;
+        self
+    }
+
+    /// How this node damps a cut-off zone: when more than `share_pct` of another zone's
+    /// members are lost within `window`, their instances are shown with the status
+    /// `unreachable` for up to `bound` instead of being removed, and come back when their
+    /// nodes are heard again (default 30%, 30 s, 10 minutes; reads leave them out unless
+    /// asked for every instance, or unless `serve_unreachable`). A node's own zone is
+    /// never damped by it; a zone of fewer than three members never is.
+    #[must_use]
+    pub fn damping(mut self, damping: Damping) -> Self {
+        self.damping = damping;
         self
     }
 

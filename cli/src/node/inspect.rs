@@ -41,7 +41,9 @@ impl Node {
                 name: m.name.to_string(),
                 address: m.url.unwrap_or_default().to_string(),
                 zone: Some(m.zone.to_string()),
-                state: if late && !is_me {
+                state: if m.unreachable {
+                    MemberState::Unreachable
+                } else if late && !is_me {
                     MemberState::Suspect
                 } else {
                     MemberState::Alive

@@ -18,12 +18,15 @@ pub struct StatusCounts {
     pub critical: usize,
     /// Instances in maintenance.
     pub maintenance: usize,
+    /// Instances of unreachable nodes (their zone judged cut off; not served), whatever
+    /// their own status.
+    pub unreachable: usize,
 }
 
 impl StatusCounts {
     /// Every live instance counted.
     pub fn total(&self) -> usize {
-        self.passing + self.warning + self.critical + self.maintenance
+        self.passing + self.warning + self.critical + self.maintenance + self.unreachable
     }
 
     fn add(&mut self, h: Health) {
@@ -50,7 +53,11 @@ impl Node {
             }
             let mut c = StatusCounts::default();
             for i in replica.instances(&name, now) {
-                c.add(i.registration.status.health);
+                if i.unreachable {
+                    c.unreachable += 1;
+                } else {
+                    c.add(i.registration.status.health);
+                }
             }
             out.push((name.as_str().to_string(), c));
         }

@@ -69,6 +69,10 @@ impl Service {
     }
 }
 
+/// The status reads show for an instance of an unreachable node (see
+/// [`Instance::unreachable`]).
+pub const UNREACHABLE: &str = "unreachable";
+
 /// A live instance, as a read returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
@@ -88,8 +92,14 @@ pub struct Instance {
     pub node: String,
     /// When it was first registered (kept across updates and its node's restarts).
     pub registered_at: SystemTime,
-    /// When its lease ends unless renewed.
+    /// When its lease ends unless renewed; for an unreachable instance, when it stops
+    /// being shown.
     pub lease_expires_at: SystemTime,
+    /// Its node is unreachable: its zone was judged cut off (most of its nodes lost at
+    /// once), so it is shown with the status `unreachable` instead of being removed, and
+    /// reads leave it out unless asked for every instance (or the agent serves
+    /// unreachable instances). It returns to its own status when its node is heard again.
+    pub unreachable: bool,
 }
 
 impl Instance {
@@ -111,6 +121,7 @@ impl Instance {
             node: i.node().to_string(),
             registered_at: at(r.since_ms),
             lease_expires_at: at(i.lease.deadline_ms()),
+            unreachable: i.unreachable,
         }
     }
 
@@ -129,19 +140,42 @@ impl Instance {
             node: i.node.to_string(),
             registered_at: at(i.since_ms),
             lease_expires_at: at(i.lease_deadline_ms),
+            unreachable: i.unreachable,
         }
     }
 
-    /// Whether a read returns it unless asked for every instance.
+    /// Whether a read returns it unless asked for every instance: passing or warning,
+    /// and not unreachable.
     pub fn is_served(&self) -> bool {
-        self.status.is_served()
+        !self.unreachable && self.status.is_served()
+    }
+
+    /// Its status as reads show it: `unreachable` for an instance of an unreachable node,
+    /// else its own (`passing`, `warning`, `critical`, `maintenance`).
+    pub fn status_name(&self) -> &'static str {
+        if self.unreachable {
+            UNREACHABLE
+        } else {
+            self.status.as_str()
+        }
     }
 
     /// Whether `other` shows the same to a reader: address, metadata and status (not the
     /// lease, which moves with every renewal of its node).
     pub(crate) fn shows_as(&self, other: &Instance) -> bool {
-        (&self.address, &self.meta, self.status, &self.note)
-            == (&other.address, &other.meta, other.status, &other.note)
+        (
+            &self.address,
+            &self.meta,
+            self.status,
+            &self.note,
+            self.unreachable,
+        ) == (
+            &other.address,
+            &other.meta,
+            other.status,
+            &other.note,
+            other.unreachable,
+        )
     }
 
     /// As the client protocol (and `roster get --json`) shows it.
@@ -151,7 +185,7 @@ impl Instance {
             instance: self.id.clone(),
             address: self.address.clone(),
             meta: self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            status: self.status.as_str().to_string(),
+            status: self.status_name().to_string(),
             note: self.note.clone(),
             node: self.node.clone(),
             registered_at_ms: ms(self.registered_at),
@@ -173,6 +207,10 @@ pub enum MemberState {
     /// Lost lately without a word: written dead by a peer (its connections closed and no
     /// peer reached it), force-left, or its lease ended.
     Failed,
+    /// Lost with most of its zone at once: the zone is judged cut off, not dead, so its
+    /// instances are shown `unreachable` until it is heard again (or for the damping's
+    /// bound).
+    Unreachable,
 }
 
 impl MemberState {
@@ -183,6 +221,7 @@ impl MemberState {
             Self::Suspect => "suspect",
             Self::Left => "left",
             Self::Failed => "failed",
+            Self::Unreachable => "unreachable",
         }
     }
 }

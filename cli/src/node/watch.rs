@@ -36,7 +36,7 @@ impl Node {
         let mut known = BTreeMap::new();
         let mut pending = VecDeque::new();
         if let Some(name) = &name {
-            known = read(&self.inner.handle.replica(), name, all);
+            known = read(self, name, all);
             for i in known.values() {
                 // The fingerprint of what a client shows: the view it was sent.
                 if shown.get(&i.id) != Some(&crate::api::fingerprint(&i.view())) {
@@ -69,11 +69,13 @@ impl Node {
 }
 
 /// The instances of `name` a watch shows: every live one with `all`, else the served ones.
-fn read(replica: &roster_registry::Replica, name: &ServiceName, all: bool) -> BTreeMap<String, Instance> {
-    replica
+fn read(node: &Node, name: &ServiceName, all: bool) -> BTreeMap<String, Instance> {
+    node.inner
+        .handle
+        .replica()
         .instances(name, now_ms())
         .map(|i| Instance::from_ref(&i))
-        .filter(|i| all || i.is_served())
+        .filter(|i| all || node.serves(i))
         .map(|i| (i.id.clone(), i))
         .collect()
 }
@@ -111,7 +113,7 @@ impl WatchState {
             match &*change {
                 Change::Up(i) if i.service == name => {
                     let i = Instance::from_registry(i);
-                    if self.all || i.is_served() {
+                    if self.all || self.node.serves(&i) {
                         if let Some(e) = self.show(i) {
                             return Some(e);
                         }
@@ -154,7 +156,7 @@ impl WatchState {
     /// After falling behind: report the difference between what this watch showed and the
     /// replica now.
     fn resync(&mut self, name: &ServiceName) {
-        let now = read(&self.node.inner.handle.replica(), name, self.all);
+        let now = read(&self.node, name, self.all);
         let gone: Vec<String> = self
             .known
             .keys()

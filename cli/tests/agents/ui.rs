@@ -110,7 +110,7 @@ fn the_summary_counts_by_status_and_a_blocking_query_on_it_answers_when_a_count_
     let first = curl(&[&format!("{h}/v1/summary")]);
     assert_eq!(
         first.json(),
-        serde_json::json!([{"service": "web", "instances": 2, "passing": 1, "warning": 0, "critical": 0, "maintenance": 1}])
+        serde_json::json!([{"service": "web", "instances": 2, "passing": 1, "warning": 0, "critical": 0, "maintenance": 1, "unreachable": 0}])
     );
     // GET /v1/services keeps its shape.
     let plain = curl(&[&format!("{h}/v1/services")]);

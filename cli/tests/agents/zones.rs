@@ -164,3 +164,118 @@ fn get_near_and_near_put_the_instances_of_the_readers_zone_first() {
         "invalid"
     );
 }
+
+/// The statuses agent `x` lists for the instances of `web`, with `--all`, by instance.
+fn statuses(x: &Agent) -> std::collections::BTreeMap<String, String> {
+    let out = x.roster(&["get", "web", "--all", "--json"]);
+    let list: Vec<Value> = match out.status.code() {
+        Some(0) => serde_json::from_slice(&out.stdout).unwrap(),
+        _ => Vec::new(),
+    };
+    list.iter()
+        .map(|i| {
+            (
+                i["instance"].as_str().unwrap().to_string(),
+                i["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A whole zone of three lost at once (each SIGKILLed) is a zone cut off, as its peers in
+/// another zone see it: its instances are listed as `unreachable` (not served, so a plain
+/// `get` leaves them out), its members too; restarted, they are passing again.
+#[test]
+fn a_zone_lost_at_once_is_shown_unreachable_elsewhere_and_passing_again_when_it_is_back() {
+    let root = tempfile::tempdir().unwrap();
+    let o = Agent::start(&root.path().join("o"), "o", &["--zone", "z-o"]);
+    let start = |name: &str| {
+        Agent::start(
+            &root.path().join(name),
+            name,
+            &["--zone", "z-a", "--join", &o.url],
+        )
+    };
+    let zone: Vec<Agent> = ["a1", "a2", "a3"].iter().map(|n| start(n)).collect();
+    for (i, a) in zone.iter().enumerate() {
+        let id = format!("web-{i}");
+        assert!(a
+            .roster(&["register", "web", "10.0.0.7:8080", "--id", &id])
+            .status
+            .success());
+    }
+    let ids: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
+    let all_are = |x: &Agent, status: &str| {
+        let now = statuses(x);
+        ids.iter()
+            .all(|id| now.get(id).map(String::as_str) == Some(status))
+    };
+    within(
+        Duration::from_secs(15),
+        "o lists the zone's instances passing",
+        || all_are(&o, "passing"),
+    );
+
+    let dirs: Vec<_> = zone.into_iter().map(Agent::kill9).collect();
+    within(
+        Duration::from_secs(30),
+        "o lists the lost zone's instances as unreachable",
+        || all_are(&o, "unreachable"),
+    );
+    assert!(
+        o.instances("web").is_empty(),
+        "a plain get serves no unreachable instance"
+    );
+    let members = o.json(&["members"]);
+    let unreachable = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == "unreachable")
+        .count();
+    assert_eq!(unreachable, 3, "{members}");
+
+    let back: Vec<Agent> = dirs
+        .iter()
+        .zip(["a1", "a2", "a3"])
+        .map(|((dir, _), name)| Agent::start(dir, name, &["--zone", "z-a", "--join", &o.url]))
+        .collect();
+    within(Duration::from_secs(20), "o lists them passing again", || {
+        all_are(&o, "passing")
+    });
+    drop(back);
+}
+
+#[test]
+fn damping_settings_that_do_not_fit_are_refused_by_name_before_the_agent_starts() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let dir_arg = dir.to_str().unwrap();
+    let base = ["agent", "--data-dir", dir_arg, "--listen", "127.0.0.1:0"];
+    let window = roster(&[&base[..], &["--damping-window", "20m"]].concat());
+    assert!(!window.status.success());
+    let err = text(&window.stderr);
+    assert!(
+        err.contains("--damping-window 20m and --damping-bound 10m do not fit"),
+        "{err}"
+    );
+
+    let share = roster(&[&base[..], &["--damping-share", "101"]].concat());
+    assert!(!share.status.success());
+    assert!(
+        text(&share.stderr).contains("--damping-share"),
+        "{}",
+        text(&share.stderr)
+    );
+
+    let config = root.path().join("bad.toml");
+    std::fs::write(&config, "node-name = \"a\"\ndamping-share = 150\n").unwrap();
+    let file = roster(&[&base[..], &["--config", config.to_str().unwrap()]].concat());
+    assert!(!file.status.success());
+    let err = text(&file.stderr);
+    assert!(
+        err.contains("bad.toml, line 2") && err.contains("damping-share 150 is not a percentage"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing was written for a refused start");
+}

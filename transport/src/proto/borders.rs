@@ -28,6 +28,8 @@ pub(super) struct ZoneView {
     pub(super) far: BTreeSet<ReplicaId>,
     /// The members of the zone this node keeps a border link to, if it is a border node.
     target: BTreeSet<ReplicaId>,
+    /// Whether the live members are of more than one zone (whatever `border_links`).
+    pub(super) zoned: bool,
 }
 
 impl ZoneView {
@@ -54,6 +56,7 @@ impl Node {
         by_zone.entry(mine).or_default();
         let members = live_members(&self.replica, now_ms);
         for m in members.iter().filter(|m| m.id != self.me.id) {
+            view.zoned |= m.zone != mine;
             if self.cfg.border_links == 0 || m.zone == mine {
                 view.near.insert(m.id);
             } else {
@@ -96,6 +99,7 @@ impl Node {
     /// arrive after its connection), and a border node short of a border link moves one.
     pub(super) fn tend_borders(&mut self, now: Now) {
         let view = self.zone_view(now.wall_ms);
+        self.damping.zoned = view.zoned;
         self.cost_links_by_zone(&view);
         self.rebalance_border(&view, now);
     }

@@ -123,6 +123,15 @@ pub struct Config {
     /// (a link within a zone counts 1): a change crosses each border about once. 1
     /// ignores zones.
     pub zone_border_cost: u16,
+    /// The share of another zone's members, in percent, that must be lost within
+    /// `damping_window_ms` for this node to judge the zone cut off rather than its nodes
+    /// dead (see `damping`); 100 never does.
+    pub damping_share_pct: u8,
+    /// The window those losses must fall in.
+    pub damping_window_ms: u64,
+    /// How long a member of a zone judged cut off is shown as unreachable before it is
+    /// gone as a dead node is.
+    pub damping_bound_ms: u64,
 }
 
 impl Default for Config {
@@ -183,6 +192,17 @@ impl Default for Config {
             // More than a path across a zone takes (a few links): a tree enters a zone
             // once, by one border, and spreads inside it.
             zone_border_cost: 10,
+            // Eureka's self-preservation trips at 15% of renewals missing, registry-wide;
+            // per zone, 30% is well above one death in a zone of four (25%) and below a
+            // zone's cut (all of it), and a rack's switch or an availability zone's
+            // network takes most of a zone at once.
+            damping_share_pct: 30,
+            // Deaths written by a cut's border nodes and their zone tests, and leases that
+            // end, land within seconds of each other; 30 s leaves room for a slow dial.
+            damping_window_ms: 30_000,
+            // Long enough for a network fault to heal, short enough that a zone really
+            // lost is not listed for long.
+            damping_bound_ms: 600_000,
         }
     }
 }

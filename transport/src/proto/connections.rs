@@ -344,6 +344,7 @@ impl Node {
         let policy = self.cfg.backoff;
         match target {
             DialTarget::Peer { id, .. } => {
+                self.zone_test_ended(*id, false, now);
                 let p = self.peers.entry(*id).or_default();
                 p.dialing = None;
                 p.sync_dial = false;
@@ -388,6 +389,7 @@ impl Node {
             self.seeds_reached.insert(url.to_string());
         }
         let mut sync = false;
+        self.zone_test_ended(peer.id, true, now);
         if let Some(p) = self.peers.get_mut(&peer.id) {
             p.dialing = None;
             p.clock_refused = false;

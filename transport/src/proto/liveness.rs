@@ -164,6 +164,7 @@ impl Node {
             p.written_dead_at = Some(now.mono_ms);
             p.url = Some(s.url);
             self.local_delta(applied.delta, applied.changes, now);
+            self.test_zone_of(peer, now);
         }
     }
 

@@ -47,6 +47,9 @@ pub struct LiveMember<'a> {
     pub zone: &'a str,
     /// The lease of its registration: when it was last renewed, and for how long.
     pub lease: &'a Lease,
+    /// Whether it is shown only as unreachable: its lease ended or was written dead, and
+    /// its zone is judged cut off (see `damping`).
+    pub unreachable: bool,
 }
 
 impl<'a> LiveMember<'a> {
@@ -65,6 +68,7 @@ impl<'a> LiveMember<'a> {
             name: meta.get("name").unwrap_or_default(),
             zone: Zone::name_of(meta.get("zone")),
             lease: i.lease,
+            unreachable: i.unreachable,
         })
     }
 }
@@ -100,11 +104,12 @@ pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
 }
 
 impl Node {
-    /// The live members other than this node, by id, with their URL and name.
+    /// The live members other than this node, by id, with their URL and name: not those
+    /// only shown as unreachable (they are dialed as lost peers, so a healed cut is found).
     pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
         live_members(&self.replica, now_ms)
             .into_iter()
-            .filter(|m| m.id != self.me.id)
+            .filter(|m| m.id != self.me.id && !m.unreachable)
             .filter_map(|m| Some((m.id, m.url?.to_string(), m.name.to_string())))
             .collect()
     }

@@ -40,6 +40,8 @@ mod bulk;
 mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
+/// Damping per failure domain: a zone cut off is shown unreachable, not written off.
+mod damping;
 mod dispatch;
 mod force;
 mod guard;
@@ -213,6 +215,8 @@ pub struct Node {
     owned: BTreeMap<(ServiceName, ProviderId), Owned>,
     /// Peers lost and not heard from since (see `liveness`).
     suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
+    /// Other zones' losses, and the zones judged cut off (see `damping`).
+    damping: damping::Damping,
     push_at: Option<u64>,
     /// When the last push went out (`None`: never).
     pushed_at: Option<u64>,
@@ -321,6 +325,7 @@ impl Node {
             seed_retry_until: mono + SEED_RETRY_MS,
             owned: BTreeMap::new(),
             suspects: BTreeMap::new(),
+            damping: damping::Damping::default(),
             push_at: None,
             pushed_at: None,
             pacer: pacing::Pacer::new(cfg.push_rate, cfg.push_burst, mono),

@@ -84,6 +84,7 @@ impl Node {
         let mut lost = Vec::new();
         let mut refute = false;
         for c in changes {
+            self.note_zone_of(&c);
             match &c {
                 Change::Down { service, provider } => {
                     if let Some(o) = self.owned.get(&(service.clone(), provider.clone())) {

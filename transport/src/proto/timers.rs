@@ -97,6 +97,7 @@ impl Node {
             self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
             self.gossip(now);
             self.report_lapsed(now);
+            self.tend_damping(now);
             self.expire(now);
             self.release_seed(now);
             self.close_synced(now);
@@ -138,7 +139,11 @@ impl Node {
         if now.mono_ms < self.expire_from {
             return;
         }
-        if let Some(applied) = self.replica.expire(now.wall_ms, self.cfg.expire_grace_ms) {
+        let hold = self.held_from_sweep(now);
+        if let Some(applied) = self
+            .replica
+            .expire_holding(now.wall_ms, self.cfg.expire_grace_ms, &hold)
+        {
             self.local_delta(applied.delta, applied.changes, now);
         }
     }

@@ -148,6 +148,9 @@ pub struct Counters {
     pub changes_grafted: u64,
     /// Dials of a member with no link for one anti-entropy exchange.
     pub exchange_dials: u64,
+    /// Dials of other members of a zone one of whose members was written dead here, to
+    /// tell a cut zone from a death (see `damping`).
+    pub zone_test_dials: u64,
     /// Instances of other nodes removed by an operator here (see `force`).
     pub operator_removals: u64,
 }

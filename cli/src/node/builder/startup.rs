@@ -95,6 +95,7 @@ impl NodeBuilder {
             secret,
             client_auth_always: self.client_auth_always,
             exec_checks: self.exec_checks,
+            serve_unreachable: self.damping.serve_unreachable,
             // The CA file was read and checked above (`tls.check()`).
             check_tls: self
                 .tls
@@ -297,6 +298,9 @@ impl NodeBuilder {
             member_lease_ttl_ms: millis(self.lease_ttl),
             lease_per_member_ms: millis(self.lease_per_member),
             max_skew_ms: millis(self.max_clock_skew),
+            damping_share_pct: self.damping.share_pct.min(100),
+            damping_window_ms: millis(self.damping.window),
+            damping_bound_ms: millis(self.damping.bound),
             // The grace before collecting an ended lease is at least the allowed skew.
             expire_grace_ms: proto::Config::default()
                 .expire_grace_ms
