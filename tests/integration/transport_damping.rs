@@ -125,14 +125,15 @@ fn a_zone_cut_off_is_shown_unreachable_never_removed_and_is_back_after_the_heal_
     }
     eprintln!("after the heal, every node shows every live node's instance as written, reachable, in {took:?} s (seed {seed})");
     if took.is_none() {
+        // What each node shows amiss: instance -> (its write's counter, unreachable).
         for at in (0..N).filter(|&i| i != killed) {
             let now = shown(&sim, at);
-            let wrong: Vec<_> = before
+            let amiss: Vec<_> = before
                 .iter()
                 .filter(|(w, (d, _))| **w != format!("w{killed}") && now.get(*w) != Some(&(d.clone(), false)))
                 .map(|(w, _)| (w.clone(), now.get(w).map(|x| (x.0.counter, x.1))))
                 .collect();
-            eprintln!("DEBUG machine {at}: wrong {wrong:?}");
+            eprintln!("machine {at} shows amiss: {amiss:?}");
         }
     }
     assert!(took.is_some(), "30 s after the heal, not every node shows every live node's instance as it was written (seed {seed})");
