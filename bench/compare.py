@@ -380,6 +380,8 @@ class Roster(System):
              "--data-dir", os.path.join(self.work, node), "--cluster-secret-file", self.secret]
         if node != "n0":
             a += ["--join", f"ws://{NODE_IPS['n0']}:7420"]
+        if self.args.zones > 1:
+            a += ["--zone", f"zone-{int(node[1:]) % self.args.zones}"]
         return a
 
     def cli(self, node, *args):
@@ -1453,6 +1455,8 @@ def main():
     ap.add_argument("--rate", type=float, default=100, help="changes per second in the churn")
     ap.add_argument("--churn", type=float, default=60, help="seconds of churn (0: none)")
     ap.add_argument("--settle", type=float, default=1, help="seconds between phases")
+    ap.add_argument("--zones", type=int, default=1,
+                    help="roster only: put node nN in zone zone-(N %% ZONES) (default 1: no zones)")
     ap.add_argument("--quick", action="store_true", help="a fast check: 3 nodes, short windows")
     ap.add_argument("--keep", action="store_true", help="keep the logs and data directories")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
