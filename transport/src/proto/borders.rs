@@ -16,8 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use roster_registry::ReplicaId;
 
+use rand::RngExt;
+
 use super::membership::live_members;
-use super::{Node, Now};
+use super::{DialTarget, Node, Now, Output};
+
+/// The least time between two dials of a border node's target zone past its backoff.
+const BORDER_REDIAL_MS: u64 = 2_000;
 
 /// The live members other than this node, by zone: in this node's zone or not.
 #[derive(Debug, Default)]
@@ -102,6 +107,51 @@ impl Node {
         self.damping.zoned = view.zoned;
         self.cost_links_by_zone(&view);
         self.rebalance_border(&view, now);
+    }
+
+    /// Each gossip round, in a cluster of zones: a border node whose border link is down
+    /// dials its target zone (see `redial_border`).
+    pub(super) fn tend_border_link(&mut self, now: Now) {
+        let spaced = self
+            .border_redialed_at
+            .is_none_or(|t| now.mono_ms >= t + BORDER_REDIAL_MS);
+        if self.damping.zoned && spaced {
+            let view = self.zone_view(now.wall_ms);
+            self.redial_border(&view, now);
+        }
+    }
+
+    /// A border node with no link to its target zone dials a member of it, past that
+    /// member's backoff, at most every [`BORDER_REDIAL_MS`]: during a zone's cut every dial
+    /// across fails and backoffs grow to their cap (30 s, ±50%), so after the heal nobody
+    /// dialed across for up to 45 s (a Jepsen run: over 30 s). One dial in flight per
+    /// border node, at most three border nodes per zone: a zone that stays cut off takes a
+    /// dial every few seconds from each ring neighbour, not a storm.
+    fn redial_border(&mut self, view: &ZoneView, now: Now) {
+        if self.guarded || self.stopping || !self.cfg.dial || view.target.is_empty() {
+            return;
+        }
+        let linked = self
+            .conns
+            .values()
+            .any(|c| !c.sync && view.target.contains(&c.peer));
+        let dialing = view.target.iter().any(|id| self.dialing(*id));
+        if linked || dialing || self.outbound_room(now) == 0 {
+            return;
+        }
+        let urls: Vec<(ReplicaId, String)> = live_members(&self.replica, now.wall_ms)
+            .into_iter()
+            .filter(|m| view.target.contains(&m.id))
+            .filter_map(|m| Some((m.id, m.url?.to_string())))
+            .collect();
+        if urls.is_empty() {
+            return;
+        }
+        let (id, url) = urls[self.rng.random_range(0..urls.len())].clone();
+        self.border_redialed_at = Some(now.mono_ms);
+        self.peers.entry(id).or_default().dialing = Some(now.mono_ms);
+        self.counters.dials += 1;
+        self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
     }
 
     /// Gives each connected peer's link its cost in the trees: `zone_border_cost` to a
@@ -205,7 +255,10 @@ impl Node {
             .filter(|(id, _)| view.target.is_empty() || view.target.contains(id))
             .cloned()
             .collect();
-        let room = room - border_room + self.dial_peers(border, border_room, now);
+        let left = self.dial_peers(border, border_room, now);
+        // A border node keeps its slot for its target zone: filled from its own zone while
+        // the target could not be dialed (a cut), the slot stayed there after the heal.
+        let room = room - border_room + if view.target.is_empty() { left } else { 0 };
         let room = self.dial_peers(near, room, now);
         let far: Vec<_> = far.into_iter().filter(|(id, _)| !self.dialing(*id)).collect();
         self.dial_peers(far, room, now)

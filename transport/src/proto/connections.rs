@@ -46,7 +46,7 @@ impl Node {
     /// How many more outbound connections may be dialed: the cap less those open and the
     /// dials that still hold a slot (see `Config::dial_slot_ms`), and never more than
     /// twice the cap in flight.
-    fn outbound_room(&self, now: Now) -> usize {
+    pub(super) fn outbound_room(&self, now: Now) -> usize {
         let open = self.conns.values().filter(|c| c.outbound && !c.sync).count();
         let dials: Vec<u64> = self
             .peers

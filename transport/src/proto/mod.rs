@@ -217,6 +217,8 @@ pub struct Node {
     suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
     /// Other zones' losses, and the zones judged cut off (see `damping`).
     damping: damping::Damping,
+    /// When this border node last dialed its target zone past a backoff (see `borders`).
+    border_redialed_at: Option<u64>,
     push_at: Option<u64>,
     /// When the last push went out (`None`: never).
     pushed_at: Option<u64>,
@@ -326,6 +328,7 @@ impl Node {
             owned: BTreeMap::new(),
             suspects: BTreeMap::new(),
             damping: damping::Damping::default(),
+            border_redialed_at: None,
             push_at: None,
             pushed_at: None,
             pacer: pacing::Pacer::new(cfg.push_rate, cfg.push_burst, mono),

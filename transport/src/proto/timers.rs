@@ -102,6 +102,7 @@ impl Node {
             self.release_seed(now);
             self.close_synced(now);
             self.dial_more(now);
+            self.tend_border_link(now);
         }
         if self.digest_at <= mono {
             self.digest_at = mono + self.jitter(self.cfg.digest_interval_ms);
