@@ -22,11 +22,31 @@ import time
 
 ROSTER = os.environ["ROSTER_BIN"]
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Net:
+    """Where a run's agents live: for each name a namespace `<prefix>-<name>`, joined to the
+    bridge by a veth `<prefix>v-<name>`, an address `<subnet>.<11 + i>` and a port
+    `<port> + i`. This run's is NET; tests/jepsen/zones.py makes one of its own (other
+    prefix, bridge, subnet and ports), so neither run's leftovers touch the other's."""
+
+    def __init__(self, names, prefix, bridge, subnet, port):
+        self.names = list(names)
+        self.prefix = prefix
+        self.ns = {n: f"{prefix}-{n}" for n in self.names}
+        self.veth = {n: f"{prefix}v-{n}" for n in self.names}
+        self.bridge = bridge
+        self.subnet = subnet
+        self.ip = {n: f"{subnet}.{11 + i}" for i, n in enumerate(self.names)}
+        self.port = {n: port + i for i, n in enumerate(self.names)}
+
+
 NAMES = ["a", "b", "c", "d", "e"]
-NS = {n: f"jep-{n}" for n in NAMES}
-BRIDGE = "jepbr"
-IP = {n: f"10.79.0.{11 + i}" for i, n in enumerate(NAMES)}
-PORT = {n: 7600 + i for i, n in enumerate(NAMES)}
+NET = Net(NAMES, prefix="jep", bridge="jepbr", subnet="10.79.0", port=7600)
+NS = NET.ns
+BRIDGE = NET.bridge
+IP = NET.ip
+PORT = NET.port
 LEASE = 4.0  # --lease-ttl, seconds
 GOSSIP = "250ms"
 GRACE = 3.0  # allowed beyond the lease for a dead node's instances to be gone everywhere
@@ -41,10 +61,11 @@ SEED = int(os.environ.get("ROSTER_SEED", str(random.randrange(1 << 30))))
 rng = random.Random(SEED)
 T0 = time.monotonic()
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+LOG_NAME = "jepsen"  # the prefix of log lines (zones.py sets its own)
 
 
 def log(msg):
-    print(f"[jepsen {time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    print(f"[{LOG_NAME} {time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 class Fail(Exception):
@@ -63,9 +84,9 @@ def sh(*args, check=True):
 
 
 # ---- network ------------------------------------------------------------------------------
-def net_down():
-    for n in NAMES:
-        ns = NS[n]
+def net_down(net=NET):
+    for n in net.names:
+        ns = net.ns[n]
         if os.path.exists(f"/run/netns/{ns}"):
             for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
                 try:
@@ -73,20 +94,20 @@ def net_down():
                 except (ProcessLookupError, ValueError):
                     pass
             sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", f"jepv-{n}", check=False)
-    sh("ip", "link", "del", BRIDGE, check=False)
+        sh("ip", "link", "del", net.veth[n], check=False)
+    sh("ip", "link", "del", net.bridge, check=False)
 
 
-def net_up():
-    sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    sh("ip", "addr", "add", "10.79.0.1/24", "dev", BRIDGE)
-    sh("ip", "link", "set", BRIDGE, "up")
-    for n in NAMES:
-        ns = NS[n]
+def net_up(net=NET):
+    sh("ip", "link", "add", net.bridge, "type", "bridge")
+    sh("ip", "addr", "add", f"{net.subnet}.1/24", "dev", net.bridge)
+    sh("ip", "link", "set", net.bridge, "up")
+    for n in net.names:
+        ns = net.ns[n]
         sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", f"jepv-{n}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        sh("ip", "link", "set", f"jepv-{n}", "master", BRIDGE, "up")
-        sh("ip", "-n", ns, "addr", "add", f"{IP[n]}/24", "dev", "eth0")
+        sh("ip", "link", "add", net.veth[n], "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "link", "set", net.veth[n], "master", net.bridge, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{net.ip[n]}/24", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
 
@@ -150,8 +171,15 @@ def issue(d, name, sans):
 
 # ---- the cluster --------------------------------------------------------------------------
 class Cluster:
-    def __init__(self, work):
+    """The agents of `net` (NET by default), their forwarders and certificates. `agent_args(n)`
+    gives agent n's flags beyond the common ones (none by default), `joins(n)` the names it
+    `--join`s (every other agent by default)."""
+
+    def __init__(self, work, net=NET, agent_args=None, joins=None):
         self.work = work
+        self.net = net
+        self.agent_args = agent_args or (lambda n: [])
+        self.joins = joins or (lambda n: [m for m in net.names if m != n])
         self.control = os.path.join(work, "control.json")
         self.secret = os.path.join(work, "secret")
         with open(self.secret, "wb") as f:
@@ -178,23 +206,25 @@ class Cluster:
         self.write_control()
 
     def start_proxies(self):
-        for n in NAMES:
-            targets = [f"{m}={IP[m]}:{PORT[m]}" for m in NAMES if m != n]
-            spawn(f"proxy-{n}", NS[n], [sys.executable, os.path.join(HERE, "proxy.py"), n,
-                                         self.control] + targets,
+        net = self.net
+        for n in net.names:
+            targets = [f"{m}={net.ip[m]}:{net.port[m]}" for m in net.names if m != n]
+            spawn(f"proxy-{n}", net.ns[n], [sys.executable, os.path.join(HERE, "proxy.py"), n,
+                                             self.control] + targets,
                   logf=os.path.join(self.work, f"proxy-{n}.log"))
         deadline = time.monotonic() + 10
-        for n in NAMES:
+        for n in net.names:
             while b"ready" not in open(os.path.join(self.work, f"proxy-{n}.log"), "rb").read():
                 if time.monotonic() > deadline:
-                    fail(f"the proxy in {NS[n]} did not start")
+                    fail(f"the proxy in {net.ns[n]} did not start")
                 time.sleep(0.05)
 
     def start_agent(self, n, clock_ahead=None):
         data = os.path.join(self.work, f"data-{n}")
         cert, key = self.certificate(n, data)
-        args = [ROSTER, "agent", "--listen", f"0.0.0.0:{PORT[n]}",
-                "--advertise", f"wss://127.0.0.1:{PORT[n]}",
+        port = self.net.port
+        args = [ROSTER, "agent", "--listen", f"0.0.0.0:{port[n]}",
+                "--advertise", f"wss://127.0.0.1:{port[n]}",
                 "--data-dir", data,
                 "--cluster-secret-file", self.secret, "--node-name", n,
                 "--gossip-interval", GOSSIP, "--lease-ttl", f"{int(LEASE)}s",
@@ -204,9 +234,9 @@ class Cluster:
                 "--lease-per-member", "0s",
                 "--crash-guard", "off",
                 "--tls-cert", cert, "--tls-key", key, "--tls-ca", self.ca]
-        for m in NAMES:
-            if m != n:
-                args += ["--join", f"wss://127.0.0.1:{PORT[m]}"]
+        args += self.agent_args(n)
+        for m in self.joins(n):
+            args += ["--join", f"wss://127.0.0.1:{port[m]}"]
         env = dict(os.environ)
         env.setdefault("ROSTER_LOG", "info")
         if clock_ahead:
@@ -217,7 +247,7 @@ class Cluster:
         logf = os.path.join(self.work, f"agent-{n}.log")
         with open(logf, "ab") as f:
             f.write(f"---- start{' clock ' + clock_ahead if clock_ahead else ''}\n".encode())
-        spawn(f"agent-{n}", NS[n], args, env=env, logf=logf)
+        spawn(f"agent-{n}", self.net.ns[n], args, env=env, logf=logf)
         deadline = time.monotonic() + 10
         while True:
             r = self.cli(n, "status", timeout=2)
@@ -244,8 +274,8 @@ class Cluster:
 
     def cli(self, n, *args, timeout=6):
         try:
-            return subprocess.run(["ip", "netns", "exec", NS[n], ROSTER, *args,
-                                   "--agent", f"wss://127.0.0.1:{PORT[n]}",
+            return subprocess.run(["ip", "netns", "exec", self.net.ns[n], ROSTER, *args,
+                                   "--agent", f"wss://127.0.0.1:{self.net.port[n]}",
                                    "--tls-ca", self.ca],
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -291,7 +321,7 @@ class Writer:
         self.ops = {"register": 0, "deregister": 0, "failed": 0}
         self.on = threading.Event()
         self.busy = threading.Lock()  # held through each of the loop's operations
-        self.nodes = set(NAMES)
+        self.nodes = set(cluster.net.names)
         self.stopped = False
         self.t = threading.Thread(target=self.loop, daemon=True)
         self.t.start()
@@ -354,7 +384,7 @@ class Writer:
             pass
 
     def resume(self, nodes=None):
-        self.nodes = set(nodes) if nodes else set(NAMES)
+        self.nodes = set(nodes) if nodes else set(self.c.net.names)
         self.on.set()
 
 
