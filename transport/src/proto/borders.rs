@@ -241,6 +241,10 @@ impl Node {
         room: usize,
         now: Now,
     ) -> usize {
+        // A cluster of one zone (as far as this node has seen) reads no membership here.
+        if !self.damping.zoned {
+            return self.dial_peers(candidates, room, now);
+        }
         let view = self.zone_view(now.wall_ms);
         if view.far.is_empty() {
             return self.dial_peers(candidates, room, now);

@@ -438,8 +438,10 @@ impl Node {
         }
         self.counters.connections += 1;
         self.heard_from(peer.id);
-        let view = self.zone_view(now.wall_ms);
-        self.cost_links_by_zone(&view);
+        if self.damping.zoned {
+            let view = self.zone_view(now.wall_ms);
+            self.cost_links_by_zone(&view);
+        }
         let p = self.peers.entry(peer.id).or_default();
         // Remembered to name it in `members` after it leaves. Not as a URL to dial again:
         // that comes from its membership, and a seed's own backoff covers the rest.
