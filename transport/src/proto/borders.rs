@@ -105,17 +105,19 @@ impl Node {
     pub(super) fn tend_borders(&mut self, now: Now) {
         let view = self.zone_view(now.wall_ms);
         self.damping.zoned = view.zoned;
+        self.border_node = !view.target.is_empty();
         self.cost_links_by_zone(&view);
         self.rebalance_border(&view, now);
     }
 
-    /// Each gossip round, in a cluster of zones: a border node whose border link is down
-    /// dials its target zone (see `redial_border`).
+    /// Each gossip round: a border node (as the last reconnect round found it) whose border
+    /// link is down dials its target zone (see `redial_border`). The other nodes, most of
+    /// them, read no membership for it.
     pub(super) fn tend_border_link(&mut self, now: Now) {
         let spaced = self
             .border_redialed_at
             .is_none_or(|t| now.mono_ms >= t + BORDER_REDIAL_MS);
-        if self.damping.zoned && spaced {
+        if self.border_node && spaced {
             let view = self.zone_view(now.wall_ms);
             self.redial_border(&view, now);
         }

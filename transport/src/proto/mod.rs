@@ -217,7 +217,10 @@ pub struct Node {
     suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
     /// Other zones' losses, and the zones judged cut off (see `damping`).
     damping: damping::Damping,
-    /// When this border node last dialed its target zone past a backoff (see `borders`).
+    /// Whether this node keeps a link to another zone, as the last reconnect round found
+    /// (see `borders`).
+    border_node: bool,
+    /// When this border node last dialed its target zone past a backoff.
     border_redialed_at: Option<u64>,
     push_at: Option<u64>,
     /// When the last push went out (`None`: never).
@@ -328,6 +331,7 @@ impl Node {
             owned: BTreeMap::new(),
             suspects: BTreeMap::new(),
             damping: damping::Damping::default(),
+            border_node: false,
             border_redialed_at: None,
             push_at: None,
             pushed_at: None,
