@@ -333,6 +333,36 @@ fn seeded_node(resume: Resume) -> Node {
     .0
 }
 
+/// Regression: a new node renewed at its first tick the lease its membership had just
+/// written: a second write (and delta) at every start, and a test that read the counter
+/// a few milliseconds after starting saw it move.
+#[test]
+fn a_new_node_writes_its_lease_once_and_renews_it_only_when_it_is_due() {
+    let mut node = seeded_node(Resume::default());
+    let written = node.replica().counter();
+    let ttl = node.replica().lease_of(ReplicaId(1)).unwrap().ttl_ms;
+    let mut now = 1_000_000;
+    while now < 1_000_000 + ttl * 3 / 8 {
+        node.handle_timeout(now);
+        assert_eq!(
+            node.replica().counter(),
+            written,
+            "a write at +{} ms",
+            now - 1_000_000
+        );
+        now += 100;
+    }
+    while now <= 1_000_000 + ttl / 2 {
+        node.handle_timeout(now);
+        now += 100;
+    }
+    assert_eq!(
+        node.replica().counter(),
+        written + 1,
+        "renewed once by half its lease"
+    );
+}
+
 /// How many dials to a seed the node asks for now.
 fn seed_dials(node: &mut Node) -> u32 {
     let mut dials = 0;

@@ -172,18 +172,21 @@ impl Node {
                 // What a lease written dead hid comes back (nothing, for a renewal on time).
                 self.emit_changes(applied.changes, now);
             }
-            next = ttl / 2;
+            next = self.renewal_after(now.mono_ms, ttl);
         }
         self.note_leases_shipped();
-        // Three eighths to a half of the TTL, drawn anew each time: nodes started
-        // together (a fleet rollout, a healed partition) do not renew in lockstep. Half a
-        // lease is left for the renewal to arrive: a push takes milliseconds, and a lost
-        // one is sent again at the next gossip round. (Renewing every third of the lease
-        // cost a third more idle traffic, for margin nobody needed.)
-        self.renew_at = match next {
-            u64::MAX => u64::MAX,
-            half => now.mono_ms + half - self.rng.random_range(0..=half / 4),
-        };
+        self.renew_at = next;
+    }
+
+    /// When a lease of `ttl_ms` issued at `mono_ms` is next renewed: three eighths to a
+    /// half of it later, drawn anew each time, so nodes started together (a fleet
+    /// rollout, a healed partition) do not renew in lockstep. Half a lease is left for
+    /// the renewal to arrive: a push takes milliseconds, and a lost one is sent again at
+    /// the next gossip round. (Renewing every third of the lease cost a third more idle
+    /// traffic, for margin nobody needed.)
+    pub(super) fn renewal_after(&mut self, mono_ms: u64, ttl_ms: u64) -> u64 {
+        let half = ttl_ms / 2;
+        mono_ms + half - self.rng.random_range(0..=half / 4)
     }
 
     /// The TTL of this node's lease: the member lease, or more in a large cluster (see
