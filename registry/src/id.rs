@@ -52,8 +52,7 @@ pub fn dot(replica: ReplicaId, counter: u64) -> Dot {
 
 /// A validated service name: 1-253 bytes of `[a-z0-9.-]`, made of dot-separated labels of
 /// 1-63 bytes that neither start nor end with `-` (the DNS rules).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceName(Arc<str>);
 
 impl ServiceName {
@@ -107,8 +106,7 @@ fn validate_service_name(name: &str) -> Result<(), &'static str> {
 /// A provider is one running instance of a service (a process, a container). Its id is
 /// stable across its restarts, so a restart shows up as an update, never as a delete and
 /// an add.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ProviderId(Arc<str>);
 
 impl ProviderId {
@@ -180,6 +178,29 @@ macro_rules! string_newtype_impls {
         impl From<$t> for String {
             fn from(v: $t) -> String {
                 v.0.to_string()
+            }
+        }
+        // Encoded as a string. Written from the shared bytes, read from borrowed ones
+        // where the format lends them: one allocation per name read, none per name written
+        // (through `String`, each cost one more).
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Name;
+                impl serde::de::Visitor<'_> for Name {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a string")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$t, E> {
+                        <$t>::new(v).map_err(E::custom)
+                    }
+                }
+                d.deserialize_str(Name)
             }
         }
         impl std::str::FromStr for $t {
