@@ -1,4 +1,4 @@
-//! Allocations per change in the protocol core alone, stage by stage: two `proto::Node`s
+//! Allocations (and time) per change in the protocol core alone, stage by stage: two `proto::Node`s
 //! in this process, joined by hand (no runtime, no sockets), a writer `a` and a receiver
 //! `b`. `--n` instances (default 1,000) are registered on `a` and reach `b`; then `--k`
 //! changes (default 1,000), one every 10 ms of virtual time, each a new port for one
@@ -108,16 +108,21 @@ const STAGES: [&str; 7] = [
     "timers, both nodes",
 ];
 
-/// Allocations per stage, summed over the changes.
+/// Allocations and time per stage, summed over the changes.
 #[derive(Default)]
-struct Tally([u64; STAGES.len()]);
+struct Tally {
+    allocs: [u64; STAGES.len()],
+    nanos: [u128; STAGES.len()],
+}
 
 impl Tally {
-    /// Runs `f`, adding what it allocates to stage `i`.
+    /// Runs `f`, adding what it allocates and the time it takes to stage `i`.
     fn count<R>(&mut self, i: usize, f: impl FnOnce() -> R) -> R {
         let before = allocs();
+        let started = std::time::Instant::now();
         let r = f();
-        self.0[i] += allocs() - before;
+        self.nanos[i] += started.elapsed().as_nanos();
+        self.allocs[i] += allocs() - before;
         r
     }
 }
@@ -260,13 +265,16 @@ fn main() {
         "n={n} changes={k}, frames to b per change {:.2}",
         frames_to_b as f64 / k as f64
     );
-    println!("| stage | allocations per change |");
-    println!("|---|---:|");
+    println!("| stage | allocations per change | µs per change |");
+    println!("|---|---:|---:|");
+    let per = |n: f64| n / k as f64;
     for (i, s) in STAGES.iter().enumerate() {
-        println!("| {s} | {:.1} |", tally.0[i] as f64 / k as f64);
+        let us = tally.nanos[i] as f64 / 1_000.0;
+        println!("| {s} | {:.1} | {:.2} |", per(tally.allocs[i] as f64), per(us));
     }
-    let receiver: u64 = tally.0[2..6].iter().sum();
-    println!("| b: receive path, all | {:.1} |", receiver as f64 / k as f64);
+    let allocs: u64 = tally.allocs[2..6].iter().sum();
+    let us = tally.nanos[2..6].iter().sum::<u128>() as f64 / 1_000.0;
+    println!("| b: receive path, all | {:.1} | {:.2} |", per(allocs as f64), per(us));
     if sites {
         print_sites();
     }
