@@ -81,6 +81,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_roster");
 /// Agents in these tests gossip every 100 ms and hold 3 s leases, so a test runs in seconds.
 const GOSSIP: &str = "100ms";
 const LEASE: &str = "3s";
+/// Longer than an agent's saver gathers what peers sent before it commits it (1 s): after
+/// this, a SIGKILL finds it on disk.
+const SAVED_AFTER: Duration = Duration::from_millis(1_500);
 
 /// A running agent, killed (SIGKILL, by pid) and reaped when dropped.
 struct Agent {

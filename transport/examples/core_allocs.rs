@@ -274,7 +274,11 @@ fn main() {
     }
     let allocs: u64 = tally.allocs[2..6].iter().sum();
     let us = tally.nanos[2..6].iter().sum::<u128>() as f64 / 1_000.0;
-    println!("| b: receive path, all | {:.1} | {:.2} |", per(allocs as f64), per(us));
+    println!(
+        "| b: receive path, all | {:.1} | {:.2} |",
+        per(allocs as f64),
+        per(us)
+    );
     if sites {
         print_sites();
     }

@@ -61,8 +61,8 @@ fn force_leave_writes_a_gone_node_dead_at_once_and_is_refused_for_one_that_answe
     );
 
     // a is gone for good; b comes back alone from its disk, where a's lease has most of
-    // a minute left.
-    std::thread::sleep(Duration::from_millis(500));
+    // a minute left (once b's saver committed it).
+    std::thread::sleep(SAVED_AFTER);
     drop(a.kill9());
     let (dir, port) = b.kill9();
     let b = Agent::start_on(&dir, "b", &format!("127.0.0.1:{port}"), &LONG);
@@ -101,8 +101,9 @@ fn an_operator_removes_an_instance_of_another_node_logged_and_counted() {
     within(Duration::from_secs(5), "b holds a's registrations", || {
         b.instances("web").len() == 2
     });
-    // a is gone for good, its instances stranded on b until a's lease ends.
-    std::thread::sleep(Duration::from_millis(500));
+    // a is gone for good, its instances stranded on b until a's lease ends (once b's
+    // saver committed them).
+    std::thread::sleep(SAVED_AFTER);
     drop(a.kill9());
     let (dir, port) = b.kill9();
     let http = ["--http-listen", "127.0.0.1:0"];

@@ -64,8 +64,8 @@ fn a_restarted_agent_has_its_registrations_and_replica_before_it_talks_to_a_peer
     within(Duration::from_secs(2), "b holds a's registration", || {
         b.instances("db").len() == 1
     });
-    // Let b's saver commit what it learnt (it batches for 100 ms).
-    std::thread::sleep(Duration::from_millis(500));
+    // Let b's saver commit what it learnt.
+    std::thread::sleep(SAVED_AFTER);
     drop(a.kill9());
     let (dir, port) = b.kill9();
 
