@@ -306,6 +306,7 @@ mod parts;
 
 pub use elide::Elided;
 pub use join::JoinReport;
+pub(crate) use join::Keys;
 pub(crate) use parts::Wire;
 #[cfg(test)]
 mod tests {

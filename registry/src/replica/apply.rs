@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{Applied, Change, Replica};
 use crate::error::ElidedError;
 use crate::id::{Dot, ReplicaId};
-use crate::state::{Elided, JoinReport, RegKey, State};
+use crate::state::{Elided, JoinReport, Keys, RegKey, State};
 
 impl Replica {
     pub(super) fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {
@@ -49,8 +49,12 @@ impl Replica {
         now_ms: u64,
         max_new_dots: usize,
     ) -> (JoinReport, Vec<Change>, Option<State>) {
-        let before = self.note_visible(&full, now_ms);
-        let (report, effective) = self.state.join_collecting(full, max_new_dots);
+        let incoming = State::keys_touched_by(&full);
+        let before = match &incoming {
+            Some(keys) => self.note_visible(keys, now_ms),
+            None => self.note_visible(&self.state.keys_a_join_may_touch(&full), now_ms),
+        };
+        let (report, effective) = self.state.join_collecting(full, incoming, max_new_dots);
         let changes = self.after_join(before, &report, now_ms);
         (report, changes, effective)
     }
@@ -58,29 +62,23 @@ impl Replica {
     /// Joins `delta` and returns what the join did and what a read at `now_ms` shows
     /// differently.
     fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
-        let before = self.note_visible(&delta, now_ms);
+        let before = self.note_visible(&self.state.keys_a_join_may_touch(&delta), now_ms);
         let report = self.state.join(delta);
         let changes = self.after_join(before, &report, now_ms);
         (report, changes)
     }
 
-    /// What a read shows, before joining `delta`, of what the join may change.
-    fn note_visible(&self, delta: &State, now_ms: u64) -> VisibleBefore {
+    /// What a read shows, before a join that may touch `keys` (see
+    /// [`State::keys_a_join_may_touch`]), of what the join may change.
+    fn note_visible(&self, (regs, leases): &Keys, now_ms: u64) -> VisibleBefore {
         // What a read shows of a registration is its winning write among those whose node's
         // lease is live. The join can change the writes only of the registrations it
         // touches, and the liveness only of the leases it touches: note both before,
         // compare after.
-        let (regs, leases) = self.state.keys_a_join_may_touch(delta);
-        let live: Vec<(ReplicaId, bool)> = leases
-            .into_iter()
-            .map(|n| (n, self.lease_live(n, now_ms)))
-            .collect();
+        let live: Vec<(ReplicaId, bool)> = leases.iter().map(|&n| (n, self.lease_live(n, now_ms))).collect();
         let visible: BTreeMap<RegKey, Option<Dot>> = regs
-            .into_iter()
-            .map(|k| {
-                let v = self.visible(&k, now_ms).map(|i| i.dot.clone());
-                (k, v)
-            })
+            .iter()
+            .map(|k| (k.clone(), self.visible(k, now_ms).map(|i| i.dot.clone())))
             .collect();
         VisibleBefore { live, visible }
     }

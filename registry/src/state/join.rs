@@ -14,6 +14,9 @@ use crate::id::{Dot, ReplicaId};
 use crate::regstore::{replacements, RegStore};
 use crate::value::Registration;
 
+/// Keys of a state: registrations, then the nodes of leases.
+pub(crate) type Keys = (BTreeSet<RegKey>, BTreeSet<ReplicaId>);
+
 /// What a join touched: the keys whose dots changed, and whether the context grew.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct JoinReport {
@@ -41,6 +44,8 @@ trait FunMap<K: 'static, V: 'static> {
     fn update<R>(&mut self, k: &K, op: impl FnOnce(&mut DotFun<V>) -> R) -> Option<R>;
     fn insert_fun(&mut self, k: K, f: DotFun<V>);
     fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)>;
+    /// Whether there is a function under `k`.
+    fn has(&self, k: &K) -> bool;
     /// Replaces every function for which `op` gives a replacement, dropping the empty ones.
     fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>);
 }
@@ -54,6 +59,9 @@ impl FunMap<RegKey, Registration> for RegStore {
     }
     fn funs(&self) -> impl Iterator<Item = (&RegKey, &DotFun<Registration>)> {
         self.iter()
+    }
+    fn has(&self, k: &RegKey) -> bool {
+        self.contains_key(k)
     }
     fn replace_all(
         &mut self,
@@ -86,6 +94,9 @@ where
     fn funs(&self) -> impl Iterator<Item = (&K, &DotFun<V>)> {
         self.iter()
     }
+    fn has(&self, k: &K) -> bool {
+        self.contains_key(k)
+    }
     fn replace_all(&mut self, op: impl FnMut(&K, &DotFun<V>) -> Option<DotFun<V>>) {
         for (k, f) in replacements(self.iter(), op) {
             if f.is_empty() {
@@ -110,7 +121,6 @@ fn join_store<K: Ord + Clone + 'static, V: Clone + 'static, M: FunMap<K, V>>(
     let mut changed = BTreeSet::new();
     // The keys `other` stores are joined with their dots first; the touched keys and (for a
     // full state) our other keys only lose what `other` removed.
-    let their_keys: BTreeSet<K> = theirs.funs().map(|(k, _)| k.clone()).collect();
     for (k, f) in theirs.funs() {
         if join_key(mine, k, Some(f), my_ctx, their_ctx) {
             changed.insert(k.clone());
@@ -118,14 +128,14 @@ fn join_store<K: Ord + Clone + 'static, V: Clone + 'static, M: FunMap<K, V>>(
     }
     match touched {
         Some(keys) => {
-            for k in keys.iter().filter(|k| !their_keys.contains(*k)) {
+            for k in keys.iter().filter(|k| !theirs.has(k)) {
                 if join_key(mine, k, None, my_ctx, their_ctx) {
                     changed.insert(k.clone());
                 }
             }
         }
         None => mine.replace_all(|k, f| {
-            if their_keys.contains(k) {
+            if theirs.has(k) {
                 return None;
             }
             let kept = f.without_seen(their_ctx)?;
@@ -231,7 +241,7 @@ impl State {
 
     /// The keys (registrations, then the nodes of leases) a join with `other` may touch;
     /// `None` when `other` is a full state and every key may be touched.
-    pub(crate) fn keys_touched_by(other: &State) -> Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)> {
+    pub(crate) fn keys_touched_by(other: &State) -> Option<Keys> {
         let t = other.touched.as_ref()?;
         let regs = t.regs.iter().chain(other.regs.keys()).cloned().collect();
         let leases = t.leases.iter().chain(other.leases.keys()).cloned().collect();
@@ -240,7 +250,7 @@ impl State {
 
     /// The keys (registrations, then the nodes of leases) a join of `other` into this
     /// state may touch: those `other` names when it is a delta, else every key of both.
-    pub(crate) fn keys_a_join_may_touch(&self, other: &State) -> (BTreeSet<RegKey>, BTreeSet<ReplicaId>) {
+    pub(crate) fn keys_a_join_may_touch(&self, other: &State) -> Keys {
         State::keys_touched_by(other).unwrap_or_else(|| {
             let regs = self.regs.keys().chain(other.regs.keys()).cloned().collect();
             let leases = self.leases.keys().chain(other.leases.keys()).copied().collect();
@@ -260,7 +270,7 @@ struct BeforeJoin {
     /// that ever wrote).
     ctx: CausalContext,
     /// The keys the other state names, when it is a delta (see [`State::keys_touched_by`]).
-    incoming: Option<(BTreeSet<RegKey>, BTreeSet<ReplicaId>)>,
+    incoming: Option<Keys>,
     /// The dots of each registration the join may touch.
     reg_dots: BTreeMap<RegKey, Vec<Dot>>,
     /// The dots of each lease the join may touch.
@@ -268,7 +278,8 @@ struct BeforeJoin {
 }
 
 impl BeforeJoin {
-    fn note(state: &State, other: &State) -> Self {
+    /// `incoming` is [`State::keys_touched_by`] `other`.
+    fn note(state: &State, other: &State, incoming: Option<Keys>) -> Self {
         let brings_retirements = other
             .ctx
             .retired()
@@ -283,23 +294,18 @@ impl BeforeJoin {
             .collect();
         let ctx = state.ctx.restricted_to(&replicas);
         // Only the keys the join may touch can change: note their dots before.
-        let incoming = State::keys_touched_by(other);
-        let (reg_keys, lease_keys): (Vec<RegKey>, Vec<ReplicaId>) = match &incoming {
-            Some((r, l)) => (r.iter().cloned().collect(), l.iter().copied().collect()),
+        let reg_dots = |k: &RegKey| (k.clone(), state.reg_dots(k));
+        let lease_dots = |n: &ReplicaId| (*n, state.lease_dots(*n));
+        let (reg_dots, lease_dots): (BTreeMap<_, _>, BTreeMap<_, _>) = match &incoming {
+            Some((r, l)) => (
+                r.iter().map(reg_dots).collect(),
+                l.iter().map(lease_dots).collect(),
+            ),
             None => (
-                state.regs.keys().cloned().collect(),
-                state.leases.keys().copied().collect(),
+                state.regs.keys().map(reg_dots).collect(),
+                state.leases.keys().map(lease_dots).collect(),
             ),
         };
-        let reg_dots: BTreeMap<RegKey, Vec<Dot>> = reg_keys
-            .into_iter()
-            .map(|k| {
-                let dots = state.reg_dots(&k);
-                (k, dots)
-            })
-            .collect();
-        let lease_dots: BTreeMap<ReplicaId, Vec<Dot>> =
-            lease_keys.into_iter().map(|n| (n, state.lease_dots(n))).collect();
         Self {
             brings_retirements,
             replicas,
@@ -318,12 +324,16 @@ impl State {
     ///
     /// The delta is `None` when the join taught more than `max_new_dots` new dots, or
     /// brought retirements.
+    ///
+    /// `incoming` is [`State::keys_touched_by`] `other` (computed once by the caller, who
+    /// needs it too).
     pub(crate) fn join_collecting(
         &mut self,
         other: State,
+        incoming: Option<Keys>,
         max_new_dots: usize,
     ) -> (JoinReport, Option<State>) {
-        let before = BeforeJoin::note(self, &other);
+        let before = BeforeJoin::note(self, &other, incoming);
         let report = self.join(other);
         if !report.changed() {
             return (report, Some(State::new_delta()));
