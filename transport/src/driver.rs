@@ -44,6 +44,7 @@
 //! after each local write and at most every few milliseconds while deltas arrive.
 
 mod admit;
+mod by_service;
 mod chunk;
 mod config;
 mod conn;
@@ -218,6 +219,7 @@ impl Launch {
     fn spawn(mut self, listener: TcpListener) -> Handle {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (changes, _) = broadcast::channel(EVENT_CAPACITY);
+        let by_service = Arc::new(by_service::ByService::new(EVENT_CAPACITY));
         // What resuming changed is the first snapshot's to save.
         let unsaved = unsaved::Unsaved::default();
         if let Some(changed) = self.node.take_changed() {
@@ -240,6 +242,7 @@ impl Launch {
             self.events,
             Publish {
                 changes: changes.clone(),
+                by_service: Arc::clone(&by_service),
                 replica: replica_tx,
                 status: status_tx,
                 unsaved: unsaved.clone(),
@@ -262,6 +265,7 @@ impl Launch {
                 commands: commands_tx,
                 replica: replica_rx,
                 changes,
+                by_service,
                 status: status_rx,
                 unsaved,
                 shared: self.shared,

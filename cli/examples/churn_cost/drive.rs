@@ -79,6 +79,24 @@ pub async fn watch_all(cluster: &Cluster, n: usize) -> Result<Sightings, Error> 
     Ok(seen)
 }
 
+/// `k` more watches on every agent, each of a service nobody writes (`other-0`...): what
+/// watches of other services cost a node per change. They live as long as the process.
+pub async fn watch_others(cluster: &Cluster, k: usize) -> Result<(), Error> {
+    for agent in &cluster.agents {
+        for i in 0..k {
+            let mut client = agent.client().await?;
+            client
+                .start(Request::Watch {
+                    service: format!("other-{i}"),
+                    all: false,
+                })
+                .await?;
+            tokio::spawn(async move { while client.recv().await.is_ok() {} });
+        }
+    }
+    Ok(())
+}
+
 /// One watch: counts its events and records the first sighting of each seq above 0.
 async fn watch(mut client: Client, node: usize, seen: Sightings, count: Arc<AtomicU64>) {
     while let Ok(msg) = client.recv().await {

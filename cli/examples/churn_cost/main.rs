@@ -47,6 +47,9 @@
 //! sustained. Printed after each mode: the highest sustained rate whose p99 lag was at most
 //! 50 ms, the highest whose every lag (the max) was, and the highest sustained at any lag.
 //!
+//! `--others K` (default 0) opens `K` more watches on every agent, each of a service nobody
+//! writes: what watches of other services cost a node per change.
+//!
 //! `--window W` (default 1) lets up to `W` requests await their answers on the connection
 //! (the agent answers them in order, and commits registrations that wait together in one
 //! transaction); with 1, each request waits for the previous answer.
@@ -64,14 +67,14 @@ use std::time::{Duration, Instant};
 
 use cluster::{bytes_sent, cpu_seconds, roster_binary, rss_mib, ticks_per_second, Cluster};
 use counters::{context_switches, rw_syscalls, SyscallCount};
-use drive::{drive, lags, preload, quantile, settle, watch_all, Load, Sent, Sightings};
+use drive::{drive, lags, preload, quantile, settle, watch_all, watch_others, Load, Sent, Sightings};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The lag bar of `max-rate` (ms).
 const LAG_MS: f64 = 50.0;
 
-const USAGE: &str = "usage: churn_cost [max-rate] [--n 1000,10000] [--rate 100] [--secs 20] [--idle 5] [--batch 100] [--window 1] [--rates 50,100,200,...]";
+const USAGE: &str = "usage: churn_cost [max-rate] [--n 1000,10000] [--rate 100] [--secs 20] [--idle 5] [--batch 100] [--window 1] [--rates 50,100,200,...] [--others 0]";
 
 /// The command line.
 struct Args {
@@ -83,6 +86,7 @@ struct Args {
     batch: usize,
     window: usize,
     rates: Vec<f64>,
+    others: usize,
 }
 
 fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, Error> {
@@ -111,6 +115,7 @@ fn parse_args() -> Result<Args, Error> {
         batch: 100,
         window: 1,
         rates: list("50,100,200,500,1000,2000,5000,10000,20000,50000")?,
+        others: 0,
     };
     for pair in args.chunks(2) {
         let [flag, value] = pair else {
@@ -125,6 +130,7 @@ fn parse_args() -> Result<Args, Error> {
             "--batch" => out.batch = list(value)?.first().copied().ok_or(USAGE)?,
             "--window" => out.window = list(value)?.first().copied().ok_or(USAGE)?,
             "--rates" => out.rates = list(value)?,
+            "--others" => out.others = list(value)?.first().copied().ok_or(USAGE)?,
             _ => return Err(USAGE.into()),
         }
     }
@@ -301,8 +307,10 @@ async fn loaded(bin: &Path, n: usize) -> Result<(Cluster, Sightings), Error> {
 }
 
 /// One line for `n`: idle, then `load`.
-async fn churn(bin: &Path, n: usize, load: Load, idle: f64, ticks: f64) -> Result<(), Error> {
+async fn churn(bin: &Path, n: usize, load: Load, args: &Args, ticks: f64) -> Result<(), Error> {
+    let idle = args.idle;
     let (cluster, seen) = loaded(bin, n).await?;
+    watch_others(&cluster, args.others).await?;
     let before = usage(&cluster, ticks).await?;
     tokio::time::sleep(Duration::from_secs_f64(idle)).await;
     let perf = perf_start(&cluster).await;
@@ -404,7 +412,7 @@ async fn run() -> Result<(), Error> {
             batch: 1,
             window: args.window,
         };
-        churn(&bin, n, load, args.idle, ticks).await?;
+        churn(&bin, n, load, &args, ticks).await?;
     }
     Ok(())
 }

@@ -31,8 +31,12 @@ impl Node {
     /// `Up` for each instance new or changed since, and a `Down` for each one gone, then
     /// every change. `all`: as [`Node::watch_all`].
     pub fn watch_from(&self, service: &str, shown: &BTreeMap<String, u64>, all: bool) -> Watch {
-        let rx = self.inner.handle.subscribe();
         let name = ServiceName::new(service).ok();
+        // Subscribed before the read below, so no change falls between the two.
+        let rx = match &name {
+            Some(name) => self.inner.handle.subscribe_service(name),
+            None => self.inner.handle.subscribe(),
+        };
         let mut known = BTreeMap::new();
         let mut pending = VecDeque::new();
         if let Some(name) = &name {
@@ -109,7 +113,7 @@ impl WatchState {
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
             };
-            // Borrowed: a change of another service costs this watch nothing but the look.
+            // Its service's channel brings only its changes; the names are checked anyway.
             match &*change {
                 Change::Up(i) if i.service == name => {
                     let i = Instance::from_registry(i);

@@ -62,6 +62,7 @@ pub(super) struct Inner {
     pub(super) commands: mpsc::Sender<Command>,
     pub(super) replica: watch::Receiver<Arc<Replica>>,
     pub(super) changes: broadcast::Sender<Arc<Change>>,
+    pub(super) by_service: Arc<super::by_service::ByService>,
     pub(super) status: watch::Receiver<Status>,
     pub(super) unsaved: unsaved::Unsaved,
     pub(super) shared: Arc<Shared>,
@@ -120,6 +121,12 @@ impl Handle {
     /// re-read the replica. Each change is shared by every subscriber, not copied for each.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.inner.changes.subscribe()
+    }
+
+    /// As [`Handle::subscribe`], for the changes of `service` only: a watch of one service
+    /// is not woken by the others'.
+    pub fn subscribe_service(&self, service: &ServiceName) -> broadcast::Receiver<Arc<Change>> {
+        self.inner.by_service.subscribe(service)
     }
 
     /// What the node has done so far.

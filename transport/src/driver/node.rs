@@ -97,6 +97,8 @@ pub(super) struct Publish {
     /// Shared: a subscriber that does not look at a change (a watch of another service,
     /// a signal) does not copy it.
     pub changes: broadcast::Sender<Arc<Change>>,
+    /// The same changes, on a channel per watched service.
+    pub by_service: Arc<super::by_service::ByService>,
     pub replica: watch::Sender<Arc<Replica>>,
     pub status: watch::Sender<Status>,
     /// The keys changed since the last save, published with the snapshots.
@@ -514,8 +516,10 @@ impl NodeTask {
             .unsaved
             .publish(changed, &self.publish.replica, snapshot);
         // No subscriber is fine; a lagging one learns it from its receiver.
-        for change in self.events_due.drain(..) {
-            let _ = self.publish.changes.send(Arc::new(change));
+        let changes: Vec<Arc<Change>> = self.events_due.drain(..).map(Arc::new).collect();
+        self.publish.by_service.send(&changes);
+        for change in changes {
+            let _ = self.publish.changes.send(change);
         }
         self.published = Instant::now();
         let cost = self.published.saturating_duration_since(started);
