@@ -549,6 +549,45 @@ fn explain_shows_the_winning_write_its_node_and_its_lease() {
     assert!(a.explain(&service(1), &p, 0).is_none());
 }
 
+/// Joins each state the schedule's replicas passed through into a fresh replica, with
+/// time passing in between (`steps`), and asks at each step what lapsed: `lapsed_due`,
+/// which skips the look while no lease can have ended, finds what `lapsed` finds.
+fn lapsed_due_finds_what_lapsed_finds(s: &Schedule, steps: &[u16]) -> bool {
+    let sim = Sim::run(Rules::default(), s);
+    let mut r = Replica::new(ReplicaId(0xBB));
+    let mut t = 1_000_000u64;
+    let mut states = sim
+        .snapshots
+        .iter()
+        .chain(sim.replicas.iter().map(Replica::state));
+    for (i, &step) in steps.iter().enumerate() {
+        if i % 2 == 0 {
+            if let Some(st) = states.next() {
+                r.apply(st.clone(), t);
+            }
+        }
+        let next = t + u64::from(step % 4_000);
+        let expected = r.lapsed(t, next);
+        let got = r.lapsed_due(t, next);
+        if got != expected {
+            eprintln!("from {t} to {next}: lapsed_due {got:?}, lapsed {expected:?}");
+            return false;
+        }
+        t = next;
+    }
+    true
+}
+
+#[test]
+fn lapsed_due_finds_what_lapsed_finds_whatever_joins_and_time_do() {
+    check(
+        "lapsed_due_finds_what_lapsed_finds_whatever_joins_and_time_do",
+        CASES,
+        (|s: Schedule, steps: Vec<u16>| lapsed_due_finds_what_lapsed_finds(&s, &steps))
+            as fn(Schedule, Vec<u16>) -> bool,
+    );
+}
+
 #[test]
 fn an_instance_whose_lease_ends_is_reported_lapsed_once() {
     use roster_registry::{Change, Hlc, Metadata, Replica, ReplicaId};

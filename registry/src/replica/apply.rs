@@ -89,6 +89,7 @@ impl Replica {
         if let Some(changed) = &mut self.changed {
             changed.record(report);
         }
+        self.note_lease_ends(&report.leases);
         let VisibleBefore { live, visible } = before;
         let mut changes = Vec::new();
         for (k, was) in &visible {

@@ -130,7 +130,7 @@ impl Node {
         if now.wall_ms <= self.lapse_checked {
             return;
         }
-        let lapsed = self.replica.lapsed(self.lapse_checked, now.wall_ms);
+        let lapsed = self.replica.lapsed_due(self.lapse_checked, now.wall_ms);
         self.lapse_checked = now.wall_ms;
         self.counters.instances_lapsed += lapsed.len() as u64;
         self.emit_changes(lapsed, now);
