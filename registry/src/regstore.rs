@@ -107,6 +107,11 @@ fn sole_writer(f: &DotFun<Registration>) -> Option<ReplicaId> {
 }
 
 impl RegStore {
+    /// The nodes some registration holds a write of.
+    pub(crate) fn writers(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        self.per_writer.keys().copied()
+    }
+
     /// How many registrations hold a write of `writer`.
     pub(crate) fn count_of(&self, writer: ReplicaId) -> u32 {
         self.per_writer.get(&writer).copied().unwrap_or(0)

@@ -376,10 +376,20 @@ impl Replica {
                 leases.insert(*n);
             }
         }
+        // Only writes of nodes that hold no lease here can be orphans: the count of each
+        // node's writes names those nodes without reading every registration, and when
+        // there are none (nearly always) and no node's lease ended, nothing is read.
+        let orphan_writers: BTreeSet<ReplicaId> = match orphans {
+            Some(spared) => (self.state.regs.writers())
+                .filter(|w| !spared.contains(w) && self.state.lease(*w).is_none())
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        if nodes.is_empty() && orphan_writers.is_empty() {
+            return None;
+        }
         let orphan = |d: &Dot, r: &Registration| {
-            orphans.is_some_and(|spared| !spared.contains(&d.actor))
-                && self.state.lease(d.actor).is_none()
-                && self.state.ctx.contains(&r.lease_dot)
+            orphan_writers.contains(&d.actor) && self.state.ctx.contains(&r.lease_dot)
         };
         let goes = |d: &Dot, r: &Registration| nodes.contains(&d.actor) || orphan(d, r);
         let mut regs = BTreeSet::new();
