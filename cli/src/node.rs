@@ -142,6 +142,10 @@ pub(crate) struct Inner {
     guarded: std::sync::atomic::AtomicBool,
     /// Own registrations by store key; the lock orders writes (disk, then the node).
     owned: Mutex<BTreeMap<String, OwnedRecord>>,
+    /// No own registration's `ttl` passes before this (wall ms): the TTL keeper reads
+    /// `owned` only once it has come. Lowered, under `owned`'s lock, by every record
+    /// put in it; 0 until the keeper first looked.
+    ttl_due: std::sync::atomic::AtomicU64,
     /// Single registrations waiting for the next commit (see `group`).
     queue: std::sync::Mutex<group::Queue>,
     pub(crate) secret: Option<Secret>,

@@ -107,6 +107,7 @@ impl Node {
         }
         for r in &recs {
             self.run_checks(r);
+            self.note_ttl(r);
             owned.insert(r.key(), r.clone());
         }
         Ok(recs)

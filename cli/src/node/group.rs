@@ -165,6 +165,7 @@ impl Node {
         }
         for a in admitted {
             self.run_checks(&a.rec);
+            self.note_ttl(&a.rec);
             owned.insert(a.rec.key(), a.rec);
             let _ = a.reply.send(Ok(()));
         }

@@ -91,6 +91,7 @@ impl NodeBuilder {
             launches_recent: guard.launches_recent,
             guarded: std::sync::atomic::AtomicBool::new(guard.on.is_some()),
             owned: Mutex::new(owned),
+            ttl_due: std::sync::atomic::AtomicU64::new(0),
             queue: std::sync::Mutex::default(),
             secret,
             client_auth_always: self.client_auth_always,
