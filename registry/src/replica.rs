@@ -18,6 +18,7 @@ use crate::value::{Endpoint, Lease, Registration};
 
 mod apply;
 mod bulk;
+mod lapse;
 mod unreachable;
 
 pub use bulk::NewRegistration;
@@ -440,78 +441,6 @@ impl Replica {
     /// [`CausalContext::forget_retired`]). Returns how many were forgotten.
     pub fn forget_retired(&mut self, before: Hlc) -> usize {
         self.state.ctx.forget_retired(before)
-    }
-
-    /// The earliest lease deadline after `now_ms`, if any: when a read's answer will next
-    /// change by time alone (a driver sets its expiry timer from this).
-    pub fn next_deadline_ms(&self, now_ms: u64) -> Option<u64> {
-        self.state
-            .leases
-            .values()
-            .filter_map(|f| f.winner(|l| l.issued).map(|(_, l)| l))
-            // A farewell's end changes no read.
-            .filter(|l| !l.is_farewell())
-            .map(|l| l.deadline_ms())
-            .filter(|&d| d > now_ms)
-            .min()
-    }
-
-    /// What a read showed at `after_ms` and shows differently at `upto_ms` because the
-    /// lease of a node that wrote it ended in between: time, not a join, took it down (or,
-    /// rarely, uncovered a concurrent write of a live node). Call it as time passes (say
-    /// every gossip tick) to tell watchers, since no delta will.
-    pub fn lapsed(&self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
-        let ended: BTreeSet<ReplicaId> = self
-            .state
-            .leases
-            .iter()
-            .filter_map(|(n, f)| {
-                let (_, l) = f.winner(|l| l.issued)?;
-                (l.is_live(after_ms) && !l.is_live(upto_ms)).then_some(*n)
-            })
-            .collect();
-        if ended.is_empty() {
-            return Vec::new();
-        }
-        let mut changes = Vec::new();
-        for (k, f) in &self.state.regs {
-            if !f.dots().any(|d| ended.contains(&d.actor)) {
-                continue;
-            }
-            let was = self.live_instance(k, f, after_ms).map(|i| i.dot);
-            match self.live_instance(k, f, upto_ms) {
-                None if was.is_some() => changes.push(Change::Down {
-                    service: k.service.clone(),
-                    provider: k.provider.clone(),
-                }),
-                Some(i) if was != Some(i.dot) => changes.push(Change::Up(i.to_owned())),
-                _ => {}
-            }
-        }
-        changes
-    }
-
-    /// [`Replica::lapsed`] from `after_ms` to `upto_ms`, for a caller that asks as time
-    /// passes (every gossip tick): it reads every lease only when one may have ended since
-    /// it last looked (the earliest end it saw then has passed, or a join brought a lease
-    /// that ends sooner), not at every call. At 1,000 members, reading them every second
-    /// was the largest part of an idle node's work.
-    pub fn lapsed_due(&mut self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
-        if upto_ms < self.lapse_floor {
-            return Vec::new();
-        }
-        let changes = self.lapsed(after_ms, upto_ms);
-        self.lapse_floor = self.next_deadline_ms(upto_ms).unwrap_or(u64::MAX);
-        changes
-    }
-
-    /// Lowers the lapse floor to the ends of these nodes' leases (a join changed them).
-    fn note_lease_ends(&mut self, nodes: &BTreeSet<ReplicaId>) {
-        for n in nodes {
-            if let Some(l) = self.lease_of(*n).filter(|l| !l.is_farewell()) {
-                self.lapse_floor = self.lapse_floor.min(l.deadline_ms());
-            }
-        }
     }
 
     /// A removal of `dots` from these keys, carrying one new dot of this replica in its
