@@ -363,20 +363,7 @@ impl Node {
         if node.guarded {
             node.guard_dial_at = node.guarded_dial_at(time, now);
         }
-        let kept = node.replica.lease_of(node.me.id).copied();
-        node.register(
-            members_service(),
-            member_provider(node.me.id),
-            endpoint,
-            meta,
-            now,
-        )?;
-        // A lease kept from the process before is renewed at the first tick (it may be
-        // near its end, or of another length); one the membership just wrote is not
-        // renewed again until about half of it has passed.
-        if let Some(fresh) = node.replica.lease_of(node.me.id).filter(|l| Some(**l) != kept) {
-            node.renew_at = node.renewal_after(mono, fresh.ttl_ms);
-        }
+        node.register_membership(endpoint, meta, now)?;
         Ok((node, resume))
     }
 

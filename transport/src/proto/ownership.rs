@@ -6,7 +6,7 @@ use roster_registry::{
     Change, Endpoint, InvalidInput, Metadata, NewRegistration, ProviderId, ServiceName, State, Status,
 };
 
-use super::{members_service, Node, Now, Output, OwnedRegistration, GUARDED_LEASE_FACTOR};
+use super::{member_provider, members_service, Node, Now, Output, OwnedRegistration, GUARDED_LEASE_FACTOR};
 
 /// One registration this node owns and keeps alive.
 #[derive(Debug, Clone)]
@@ -158,6 +158,29 @@ impl Node {
         self.replica
             .explain(service, provider, now.wall_ms)
             .is_some_and(|p| p.writes.iter().any(|(d, _)| d.actor == self.me.id))
+    }
+
+    /// Writes this node's membership at its start. A lease kept from the process before is
+    /// renewed at the first tick (it may be near its end, or of another length); one the
+    /// membership just wrote is not renewed again until about half of it has passed.
+    pub(super) fn register_membership(
+        &mut self,
+        endpoint: Endpoint,
+        meta: Metadata,
+        now: Now,
+    ) -> Result<(), InvalidInput> {
+        let kept = self.replica.lease_of(self.me.id).copied();
+        self.register(
+            members_service(),
+            member_provider(self.me.id),
+            endpoint,
+            meta,
+            now,
+        )?;
+        if let Some(fresh) = self.replica.lease_of(self.me.id).filter(|l| Some(**l) != kept) {
+            self.renew_at = self.renewal_after(now.mono_ms, fresh.ttl_ms);
+        }
+        Ok(())
     }
 
     /// Renews this node's lease: one small delta for everything it owns.
