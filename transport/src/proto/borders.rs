@@ -178,8 +178,8 @@ impl Node {
     /// Moves one outbound link across the border or back, when the links differ from what
     /// the zones want (they formed before this node knew the zones, or its rank changed
     /// with the membership): a border node short of its border link closes a link in its
-    /// zone, and a node with more links out of its zone than it wants closes one (not to
-    /// its target zone), so that the next gossip round dials where the link belongs. Only
+    /// zone, and a node with more links out of its zone than it wants closes one (keeping
+    /// one to its target zone), so that the next gossip round dials where the link belongs. Only
     /// when a member there may be dialed now: during a zone's cut the link would come back
     /// at the next round, and go again. At most one link a call.
     fn rebalance_border(&mut self, view: &ZoneView, now: Now) {
@@ -196,7 +196,12 @@ impl Node {
             return;
         }
         let (open, wanted) = (self.border_links_open(view), self.border_links_wanted(view));
-        let (close, to): (Option<&ReplicaId>, &BTreeSet<ReplicaId>) = if open < wanted {
+        let astray = !view.target.is_empty() && !outbound.iter().any(|p| view.target.contains(p));
+        let (close, to): (Option<&ReplicaId>, &BTreeSet<ReplicaId>) = if open == wanted && astray {
+            // A border node whose links out of its zone all go elsewhere than its target
+            // zone: one of them moves there.
+            (outbound.iter().find(|p| view.is_far(**p)), &view.target)
+        } else if open < wanted {
             let to = if view.target.is_empty() {
                 &view.far
             } else {
@@ -204,7 +209,10 @@ impl Node {
             };
             (outbound.iter().find(|p| view.near.contains(p)), to)
         } else if open > wanted {
-            let spare = |p: &&ReplicaId| view.is_far(**p) && !view.target.contains(p);
+            // A link out of the zone that is not the border link: one to another zone, or a
+            // second one to the target zone (a link from before the zones were known).
+            let into_target = outbound.iter().filter(|p| view.target.contains(p)).count();
+            let spare = |p: &&ReplicaId| view.is_far(**p) && (!view.target.contains(p) || into_target > 1);
             (outbound.iter().find(spare), &view.near)
         } else {
             return;
