@@ -63,31 +63,40 @@ fn a_change_enters_each_other_zone_about_once_and_reaches_every_node() {
 }
 
 /// With three zones the ring has three pairs, and only the first node of each zone (by id)
-/// links out, to the next zone by name: each pair of zones is linked once.
+/// links out, to the next zone by name: each pair of zones is linked once. (A node already
+/// connected to every member of its zone, by their links to it, has no one left to dial
+/// there, and fills its room across the border: it may hold one more link out.)
 #[test]
 fn outbound_links_stay_in_their_zone_but_for_one_link_per_pair_of_zones() {
     let seed = sim_seed("zone_links");
     let sim = zoned(config(), seed);
     for i in 0..ZONES * PER_ZONE {
         let zone = i % ZONES;
-        let far: Vec<usize> = sim
-            .node(i)
-            .unwrap()
-            .connected()
-            .into_iter()
+        let links = sim.node(i).unwrap().connected();
+        let machine = |peer: roster_registry::ReplicaId| (peer.0 - 0x1000) as usize;
+        let mut far: Vec<usize> = links
+            .iter()
             .filter(|(_, outbound)| *outbound)
-            .map(|(peer, _)| (peer.0 - 0x1000) as usize % ZONES)
+            .map(|(peer, _)| machine(*peer) % ZONES)
             .filter(|&z| z != zone)
             .collect();
+        let whole_zone = (0..ZONES * PER_ZONE)
+            .filter(|&j| j != i && j % ZONES == zone)
+            .all(|j| links.iter().any(|(peer, _)| machine(*peer) == j));
         // The first node of each zone by id: machines 0, 1 and 2.
         let expected = if i < ZONES {
             vec![(zone + 1) % ZONES]
         } else {
             vec![]
         };
+        if whole_zone && far.len() == expected.len() + 1 {
+            // Its room filled across the border: the rest must be what the ring wants.
+            far.retain(|z| expected.contains(z));
+            far.truncate(expected.len());
+        }
         assert_eq!(
             far, expected,
-            "machine {i}'s outbound links into other zones (seed {seed})"
+            "machine {i}'s outbound links into other zones (seed {seed}): {links:?}"
         );
     }
 }
