@@ -7,8 +7,9 @@
 //! registrations it owns, the keys it removed lately, its launch times, and the times of
 //! throttled actions.
 //!
-//! Writes: own registrations are committed before `register` returns; the replica is
-//! committed in batches (group commit) by the node's saver task.
+//! Writes: own registrations are durable before `register` returns (synced in the
+//! journal, `owned.journal`, and written to the database by its next synced commit: see
+//! `journal`); the replica is committed in batches (group commit) by the node's saver task.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -25,6 +26,9 @@ mod entries;
 mod entries_tests;
 mod error;
 mod health;
+mod journal;
+#[cfg(test)]
+mod journal_tests;
 mod load;
 mod open;
 mod record;
@@ -33,6 +37,8 @@ mod record;
 pub(crate) use disk::fail_writes_in;
 pub use error::StoreError;
 pub use health::{StoreHealth, FIRST_RETRY, MAX_RETRY};
+use journal::Journal;
+pub use journal::JOURNAL_FILE;
 use open::{open_error, read_id};
 pub use record::OwnedRecord;
 use record::{key, split_key};
@@ -67,6 +73,8 @@ const RESET_HINT: &str = "; or start once with `roster agent --reset-identity` t
                           registered under a new identity";
 const K_FLOOR: &str = "counter_floor";
 const K_MEMORY: &str = "peer_memory";
+/// The sequence number of the last journal frame the database holds durably.
+const K_JOURNAL: &str = "journal_applied";
 
 /// What a node resumes from.
 #[derive(Debug)]
@@ -106,6 +114,8 @@ pub struct Store {
     id: ReplicaId,
     health: Mutex<health::Health>,
     faults: disk::Faults,
+    /// Own writes synced ahead of the database's next synced commit; taken after `db`.
+    journal: Mutex<Journal>,
 }
 
 impl Store {
@@ -116,7 +126,7 @@ impl Store {
         faults: disk::Faults,
     ) -> Result<(Self, Loaded), StoreError> {
         // The id is read by `load`; until then it is not used.
-        let mut store = Self::new(db, path, ReplicaId(0), faults);
+        let mut store = Self::new(db, path, ReplicaId(0), faults)?;
         let loaded = store.load_now(None, now_ms, None)?;
         store.id = loaded.replica.id();
         Ok((store, loaded))
@@ -204,6 +214,7 @@ impl Store {
         let reopened = disk::reopen(&self.path, &self.faults).and_then(|d| {
             let id = read_id(&d).map_err(|e| self.io(e))?;
             if id == Some(self.id.0) {
+                self.apply_journal_now(&d)?;
                 Ok(d)
             } else {
                 Err(self.io(format!(
@@ -331,10 +342,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         let batch = entries::Batch::changed(replica.state(), changed);
         self.with_db(|db| {
-            let tx = db.begin_write().map_err(|e| self.io(e))?;
-            {
+            self.synced(db, |tx, _| {
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
-                entries::write(&tx, &mut meta, &batch).map_err(|f| self.failed(f))?;
+                entries::write(tx, &mut meta, &batch).map_err(|f| self.failed(f))?;
                 let counter = replica.counter();
                 self.raise_floor(&mut meta, |reserved| {
                     if exact {
@@ -342,9 +352,8 @@ impl Store {
                     } else {
                         (counter + COUNTER_RESERVE / 2 > reserved).then_some(counter + COUNTER_RESERVE)
                     }
-                })?;
-            }
-            tx.commit().map_err(|e| self.io(e))
+                })
+            })
         })
     }
 
@@ -375,18 +384,15 @@ impl Store {
     pub fn remove_owned(&self, service: &str, instance: &str, now_ms: u64) -> Result<bool, StoreError> {
         let k = key(service, instance);
         self.with_db(|db| {
-            let tx = db.begin_write().map_err(|e| self.io(e))?;
-            let existed = {
+            self.synced(db, |tx, _| {
                 let mut owned = tx.open_table(OWNED).map_err(|e| self.io(e))?;
                 let existed = owned.remove(k.as_str()).map_err(|e| self.io(e))?.is_some();
                 let mut removed = tx.open_table(REMOVED).map_err(|e| self.io(e))?;
                 if removed.len().map_err(|e| self.io(e))? < MAX_REMOVED as u64 {
                     removed.insert(k.as_str(), now_ms).map_err(|e| self.io(e))?;
                 }
-                existed
-            };
-            tx.commit().map_err(|e| self.io(e))?;
-            Ok(existed)
+                Ok(existed)
+            })
         })
     }
 
@@ -397,12 +403,11 @@ impl Store {
     /// [`StoreError::Io`].
     pub fn save_memory(&self, bytes: &[u8]) -> Result<(), StoreError> {
         self.with_db(|db| {
-            let tx = db.begin_write().map_err(|e| self.io(e))?;
-            {
+            self.synced(db, |tx, _| {
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
                 meta.insert(K_MEMORY, bytes).map_err(|e| self.io(e))?;
-            }
-            tx.commit().map_err(|e| self.io(e))
+                Ok(())
+            })
         })
     }
 
@@ -431,14 +436,13 @@ impl Store {
     /// [`StoreError::Io`].
     pub fn set_last_run(&self, name: &str, at_ms: u64) -> Result<(), StoreError> {
         self.with_db(|db| {
-            let tx = db.begin_write().map_err(|e| self.io(e))?;
-            {
+            self.synced(db, |tx, _| {
                 let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
                 let k = format!("last_run.{name}");
                 meta.insert(k.as_str(), at_ms.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
-            }
-            tx.commit().map_err(|e| self.io(e))
+                Ok(())
+            })
         })
     }
 }

@@ -8,13 +8,14 @@
 //! per interval, or per count of changes: any schedule of `Save` steps), while an own
 //! write goes into the replica first and is committed to the `owned` table, with the
 //! counter floor raised past its dot, before it counts as acknowledged (the group commit).
-//! A crash drops the process; the restart loads the store and writes its own
-//! registrations again, as `Node::finish_resume` does.
+//! A crash drops the process, keeping the files as they were (own writes are durable in
+//! the journal, the database's commits of them are not synced); the restart loads the
+//! store and writes its own registrations again, as `Node::finish_resume` does.
 
 use std::collections::BTreeMap;
 
 use quickcheck::{Arbitrary, Gen};
-use roster::store::{OwnedRecord, Store, COUNTER_RESERVE};
+use roster::store::{OwnedRecord, Store, COUNTER_RESERVE, JOURNAL_FILE, STORE_FILE};
 use roster_registry::{ProviderId, ReplicaId, State, Status};
 
 use crate::support::{check, endpoint, meta, service, Op, Rules, Sim, REPLICAS, SERVICES};
@@ -167,7 +168,14 @@ impl NodeUnderTest {
     /// SIGKILL and restart; `Err` says which promise the loaded store broke.
     fn crash(&mut self, sim: &mut Sim) -> Result<(), String> {
         let truth: State = sim.replicas[0].state().clone();
+        // What a SIGKILL leaves: the files as they are now (a process that closes its store
+        // syncs what it committed unsynced; a killed one does not).
+        let killed = tempfile::tempdir().unwrap();
+        for name in [STORE_FILE, JOURNAL_FILE] {
+            std::fs::copy(self.dir.path().join(name), killed.path().join(name)).unwrap();
+        }
         drop(self.store.take());
+        self.dir = killed;
         self.now_ms += 1;
         let (store, loaded) = Store::open(self.dir.path(), ReplicaId(0), self.now_ms).unwrap();
         self.store = Some(store);

@@ -48,6 +48,17 @@ impl Faults {
     }
 }
 
+impl Faults {
+    /// In tests, the error a full disk gives while the switch is on; else nothing.
+    pub(super) fn check(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(28));
+        }
+        Ok(())
+    }
+}
+
 /// Test only: a switch that makes every write of a store opened in `dir` fail with
 /// ENOSPC while it is on (for a node started on `dir`, whose store is opened inside it).
 #[cfg(test)]

@@ -5,6 +5,7 @@ use redb::{Database, ReadableTable};
 use roster_registry::{RegKey, Replica, ReplicaId};
 use tracing::info;
 
+use super::journal::Journal;
 use super::{
     entries, split_key, Loaded, OwnedRecord, Store, StoreError, COUNTER_RESERVE, K_FLOOR, K_FORMAT, K_ID,
     K_MEMORY, LAUNCHES, MAX_LAUNCHES, META, MIGRATED_FORMAT, OWNED, REMOVED, REMOVED_KEEP_MS, RESET_HINT,
@@ -72,8 +73,8 @@ impl Store {
         now_ms: u64,
         reset_to: Option<ReplicaId>,
     ) -> Result<Loaded, StoreError> {
-        let tx = db.begin_write().map_err(|e| self.io(e))?;
-        let loaded = {
+        let mut from_journal = 0;
+        let loaded = self.synced(db, |tx, journal| {
             let mut meta = tx.open_table(META).map_err(|e| self.io(e))?;
             let fresh = new_id.is_some();
             if let Some(new_id) = new_id {
@@ -82,31 +83,59 @@ impl Store {
                 meta.insert(K_ID, new_id.0.to_le_bytes().as_slice())
                     .map_err(|e| self.io(e))?;
             } else {
-                self.check_format(&tx, &mut meta, reset_to.is_some())?;
+                self.check_format(tx, &mut meta, reset_to.is_some())?;
+                drop(meta);
+                from_journal = self.resume_journal(tx, journal)?;
+                meta = tx.open_table(META).map_err(|e| self.io(e))?;
             }
             let reset_from = match reset_to {
-                Some(new) => self.reset_identity(&tx, &mut meta, new)?,
+                Some(new) => self.reset_identity(tx, &mut meta, new)?,
                 None => None,
             };
-            let (replica, memory) = self.load_replica(&tx, &mut meta)?;
+            let (replica, memory) = self.load_replica(tx, &mut meta)?;
             drop(meta);
-            Loaded {
+            Ok(Loaded {
                 replica,
                 fresh,
-                owned: self.load_owned(&tx)?,
-                removed: self.load_removed(&tx, now_ms)?,
-                launches: self.record_launch(&tx, now_ms)?,
+                owned: self.load_owned(tx)?,
+                removed: self.load_removed(tx, now_ms)?,
+                launches: self.record_launch(tx, now_ms)?,
                 memory,
                 warnings: Vec::new(),
                 reset_from,
-            }
-        };
-        tx.commit().map_err(|e| self.io(e))?;
+            })
+        })?;
+        if from_journal > 0 {
+            info!(
+                "{}: {from_journal} groups of own writes the last process made durable in its journal \
+                 are now in the database",
+                self.path.display()
+            );
+        }
         Ok(loaded)
     }
 
+    /// Writes into `tx` what the last process answered but did not commit synced (under
+    /// the identity it wrote it with, before a reset gives it another); returns how many
+    /// groups.
+    fn resume_journal(
+        &self,
+        tx: &redb::WriteTransaction,
+        journal: &mut Journal,
+    ) -> Result<usize, StoreError> {
+        let id = {
+            let meta = tx.open_table(META).map_err(|e| self.io(e))?;
+            self.get_u64(&meta, K_ID)?.unwrap_or_default()
+        };
+        self.apply_journal(tx, journal, id)
+    }
+
     /// A `u64` of the meta table.
-    fn get_u64(&self, meta: &redb::Table<&str, &[u8]>, k: &str) -> Result<Option<u64>, StoreError> {
+    pub(super) fn get_u64(
+        &self,
+        meta: &redb::Table<&str, &[u8]>,
+        k: &str,
+    ) -> Result<Option<u64>, StoreError> {
         match meta.get(k).map_err(|e| self.io(e))? {
             None => Ok(None),
             Some(v) => {

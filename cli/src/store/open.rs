@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use redb::{Database, ReadableDatabase};
 use roster_registry::ReplicaId;
 
+use super::journal::{Journal, JOURNAL_FILE};
 use super::{
     disk, health, Loaded, Store, StoreError, K_FORMAT, K_ID, META, RESET_HINT, STORE_FILE, STORE_FORMAT,
 };
@@ -89,7 +90,7 @@ impl Store {
         match disk::open_existing(&path, &faults)? {
             Some(db) => {
                 notes.extend(disk::tighten_file(&path));
-                let mut store = Self::new(db, path, new_id, faults);
+                let mut store = Self::new(db, path, new_id, faults)?;
                 let mut loaded = store.load_now(None, now_ms, Some(new_id))?;
                 store.id = loaded.replica.id();
                 loaded.warnings = notes;
@@ -160,7 +161,13 @@ impl Store {
         // Only a missing file makes a new node; the new store gets its name once its
         // identity is committed.
         let (db, temp) = disk::create_temporary(dir, &faults)?;
-        let mut store = Self::new(db, temp.clone(), new_id, faults.clone());
+        let mut store = match Self::new(db, temp.clone(), new_id, faults.clone()) {
+            Ok(store) => store,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         let loaded = match store.load_now(Some(new_id), now_ms, None) {
             Ok(loaded) => loaded,
             Err(e) => {
@@ -190,13 +197,24 @@ impl Store {
         }
     }
 
-    pub(super) fn new(db: Database, path: PathBuf, id: ReplicaId, faults: disk::Faults) -> Self {
-        Self {
+    pub(super) fn new(
+        db: Database,
+        path: PathBuf,
+        id: ReplicaId,
+        faults: disk::Faults,
+    ) -> Result<Self, StoreError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let journal = Journal::open(dir, faults.clone()).map_err(|e| StoreError::Io {
+            path: dir.join(JOURNAL_FILE),
+            why: e.to_string(),
+        })?;
+        Ok(Self {
             db: Mutex::new(Some(db)),
             path,
             id,
             health: Mutex::new(health::Health::default()),
             faults,
-        }
+            journal: Mutex::new(journal),
+        })
     }
 }

@@ -103,7 +103,11 @@ fn a_new_store_appears_under_its_name_only_when_made() {
     let (store, loaded) = Store::open(dir.path(), ReplicaId(5), 1_000).unwrap();
     assert!(loaded.fresh);
     assert_eq!(store.path(), dir.path().join(STORE_FILE));
-    assert_eq!(entries(dir.path()), vec![STORE_FILE.to_string()]);
+    // The store, and the journal of own writes beside it.
+    assert_eq!(
+        entries(dir.path()),
+        vec![JOURNAL_FILE.to_string(), STORE_FILE.to_string()]
+    );
     drop(store);
     let (_, again) = Store::open(dir.path(), ReplicaId(6), 2_000).unwrap();
     assert!(!again.fresh);
@@ -124,6 +128,7 @@ fn a_new_data_dir_and_its_store_are_for_the_owner_only() {
     let (store, loaded) = Store::open(&dir, ReplicaId(1), 1_000).unwrap();
     assert_eq!(mode(&dir), 0o700);
     assert_eq!(mode(&dir.join(STORE_FILE)), 0o600);
+    assert_eq!(mode(&dir.join(JOURNAL_FILE)), 0o600);
     assert_eq!(mode(&root.path().join("a")), 0o700);
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
     drop(store);
