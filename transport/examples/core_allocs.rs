@@ -21,6 +21,9 @@
 #![allow(unsafe_code)] // a counting global allocator cannot be written without it
 #![allow(clippy::unwrap_used)] // fixed, valid inputs: a failure is a bug in the benchmark
 
+mod support;
+use support::arg;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -181,14 +184,6 @@ fn settle(a: &mut Node, b: &mut Node, now: Now) {
             let _ = a.handle_message(B, Envelope::decode(&f).unwrap(), now);
         }
     }
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
 }
 
 fn register(a: &mut Node, i: usize, port: u16, now: Now) {
