@@ -1,6 +1,7 @@
 //! Single registrations committed together (group commit). While one commit is on its
 //! way to disk, the registrations that arrive queue up, and the next commit takes them all:
-//! one write to the replica, one delta to peers and one transaction on disk for the lot.
+//! one write to the replica, one delta to peers and one synced append to the store's journal
+//! for the lot.
 //! A client that waits for each answer pays one commit per registration, as before; many
 //! clients at once, or one that sends requests without waiting for answers, share them.
 //!
@@ -252,7 +253,8 @@ fn last_per_key(admitted: &[Admitted]) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// Saves `puts` in one transaction, with counters reserved up to `floor`.
+/// Saves `puts` at once (one synced append to the journal), with counters reserved up to
+/// `floor`.
 async fn write(store: Arc<Store>, puts: Vec<OwnedRecord>, floor: u64) -> Result<(), Error> {
     tokio::task::spawn_blocking(move || store.write_owned(&puts, &[], Some(floor)))
         .await
