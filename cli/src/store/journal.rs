@@ -6,9 +6,9 @@
 //! An own write is appended here and synced, and kept in memory ([`Journal::unapplied`]);
 //! the database is not touched. The next synced commit of the database (the saver's, at
 //! most about a second later, or any other) writes it there first, records the sequence
-//! number of the last frame it covers, and the journal is emptied. A start, or a
-//! reopening after a failed write, applies the frames after that number, which only a
-//! crash leaves: an answered write is on disk in one of the two.
+//! number of the last frame it covers, and the journal is emptied. A start applies the
+//! frames after that number, which only a crash leaves: an answered write is on disk in
+//! one of the two.
 //!
 //! A frame is its body's length (u32, little-endian), the first four bytes of the body's
 //! SHA-256, and the body (postcard of [`Frame`]). Reading stops at the first frame that is
@@ -35,7 +35,7 @@ const MAX_BODY: usize = 64 << 20;
 const HEADER: usize = 8;
 
 /// One group of own writes, as [`super::Store::write_owned`] commits it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(super) struct Frame {
     /// The node whose journal it is (a journal left by a store since made anew is not
     /// this node's).
@@ -45,28 +45,6 @@ pub(super) struct Frame {
     pub(super) puts: Vec<(String, Vec<u8>)>,
     pub(super) deletes: Vec<String>,
     pub(super) floor: Option<u64>,
-}
-
-/// [`Frame`] as it is written (the same encoding), borrowed.
-#[derive(Serialize)]
-struct FrameRef<'a> {
-    id: u64,
-    seq: u64,
-    puts: &'a [(String, Vec<u8>)],
-    deletes: &'a [String],
-    floor: Option<u64>,
-}
-
-impl<'a> FrameRef<'a> {
-    fn of(f: &'a Frame) -> Self {
-        Self {
-            id: f.id,
-            seq: f.seq,
-            puts: &f.puts,
-            deletes: &f.deletes,
-            floor: f.floor,
-        }
-    }
 }
 
 /// The open journal.
@@ -148,7 +126,7 @@ impl Journal {
             deletes,
             floor,
         };
-        let body = postcard::to_stdvec(&FrameRef::of(&frame)).map_err(std::io::Error::other)?;
+        let body = postcard::to_stdvec(&frame).map_err(std::io::Error::other)?;
         let mut out = Vec::with_capacity(HEADER + body.len());
         out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(&checksum(&body));
