@@ -92,6 +92,14 @@ impl State {
         }
     }
 
+    /// A full state that stores nothing and has seen `ctx`: joined, it removes whatever
+    /// the other side stores of those dots. What a join's effective delta left out
+    /// ([`JoinReport::left_out`]) is such a state; a peer gets it with a full state from
+    /// its anti-entropy.
+    pub fn context_only(ctx: CausalContext) -> Self {
+        Self::new().with_context(ctx)
+    }
+
     /// Whether this is a delta that names the keys it touches (see [`State::new_delta`]).
     pub fn is_delta(&self) -> bool {
         self.touched.is_some()

@@ -5,7 +5,9 @@
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use roster_registry::State;
+use std::collections::BTreeSet;
+
+use roster_registry::{dot, CausalContext, Dot, ReplicaId, State};
 
 use crate::registry_props::{join, three_states, CASES};
 use crate::support::{check, Op, Rules, Schedule, Sim};
@@ -13,7 +15,12 @@ use crate::support::{check, Op, Rules, Schedule, Sim};
 #[test]
 fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_our_new_one() {
     // A node forwards what a full sync taught it as a delta. A peer that held everything
-    // the node held before (and maybe more) must end where the node's new state would take it.
+    // the node held before (and maybe more) must end where the node's new state would take
+    // it, but for the dots the delta leaves out: those the full state taught without their
+    // writes, which no key can be named for. The delta names its keys (a peer's join
+    // visits only those), and what it leaves out is context alone, exactly
+    // `report.left_out` dots, which a context-only full state (a peer's anti-entropy)
+    // brings.
     check(
         "effective_delta_of_a_full_join",
         CASES,
@@ -25,26 +32,50 @@ fn the_effective_delta_of_a_full_join_brings_any_peer_that_had_our_old_state_to_
                 sim.replicas[2].state().clone(),
             );
             let mut after = x.clone();
-            let (_, _, delta) = after.apply_collecting(y, sim.now_ms, 1_000_000);
+            let (report, _, delta) = after.apply_collecting(y, sim.now_ms, 1_000_000);
             // The only fallback small states may take: the join brought a retirement.
             let Some(delta) = delta else {
                 return sim.replicas[0].context().retired().count() > 0;
             };
-            // X ⊔ D = X' and D ⊑ X'.
+            if !delta.is_delta() {
+                return false;
+            }
+            // X ⊔ D ⊔ L = X' and D ⊑ X', L the left-out dots.
             let mut x_plus_d = x.state().clone();
             x_plus_d.join(delta.clone());
+            let left = dots_missing(after.context(), x_plus_d.context());
+            if left.len() != report.left_out {
+                return false;
+            }
+            let left = State::context_only(CausalContext::from_dots(left));
+            x_plus_d.join(left.clone());
             let mut x2_plus_d = after.state().clone();
             x2_plus_d.join(delta.clone());
-            // A peer holding X and more (X ⊔ Z): joining D equals joining X'.
+            // A peer holding X and more (X ⊔ Z): joining D and L equals joining X'.
             let mut peer = x.state().clone();
             peer.join(z);
             let mut via_delta = peer.clone();
             via_delta.join(delta.clone());
+            via_delta.join(left);
             let mut via_state = peer;
             via_state.join(after.state().clone());
             &x_plus_d == after.state() && &x2_plus_d == after.state() && via_delta == via_state
         }) as fn(Schedule) -> bool,
     );
+}
+
+/// The dots `a` has seen and `b` has not.
+fn dots_missing(a: &CausalContext, b: &CausalContext) -> Vec<Dot> {
+    let replicas: BTreeSet<ReplicaId> = a
+        .ranges()
+        .map(|(r, _)| r)
+        .chain(a.cloud().map(|d| d.actor))
+        .collect();
+    replicas
+        .into_iter()
+        .flat_map(|r| (1..=a.max_counter(r)).map(move |c| dot(r, c)))
+        .filter(|d| a.contains(d) && !b.contains(d))
+        .collect()
 }
 
 #[test]
@@ -82,6 +113,41 @@ fn the_effective_delta_of_each_delta_join_brings_any_peer_that_had_our_old_state
                 let mut via_state = peer;
                 via_state.join(x.state().clone());
                 if via_delta != via_state {
+                    return false;
+                }
+            }
+            true
+        }) as fn(Schedule, u64) -> bool,
+    );
+}
+
+#[test]
+fn a_delta_the_replica_already_holds_is_told_apart_without_a_join_and_one_it_lacks_never_is() {
+    // A flood delivers most deltas two or three times: a copy the replica holds skips the
+    // join (`State::learns_from`). Whatever the order, applying must change the replica
+    // exactly as a join would, and say so.
+    check(
+        "learns_from_agrees_with_join",
+        CASES,
+        (|s: Schedule, order: u64| {
+            let sim = Sim::run(Rules::default(), &s);
+            let mut rng = SmallRng::seed_from_u64(order);
+            let mut deltas = sim.minted.clone();
+            deltas.extend(sim.minted.iter().cloned());
+            deltas.shuffle(&mut rng);
+            let mut x = sim.replicas[1].clone();
+            let mut y = sim.replicas[2].clone();
+            for d in deltas {
+                let mut joined = x.state().clone();
+                let changed = joined.join(d.clone()).changed();
+                let (report, _, _) = x.apply_collecting(d.clone(), sim.now_ms, 1_000_000);
+                let mut joined_y = y.state().clone();
+                let changed_y = joined_y.join(d.clone()).changed();
+                let (report_y, _) = y.apply(d, sim.now_ms);
+                if report.changed() != changed || x.state() != &joined {
+                    return false;
+                }
+                if report_y.changed() != changed_y || y.state() != &joined_y {
                     return false;
                 }
             }

@@ -49,6 +49,9 @@ impl Replica {
         now_ms: u64,
         max_new_dots: usize,
     ) -> (JoinReport, Vec<Change>, Option<State>) {
+        if !self.state.learns_from(&full) {
+            return (JoinReport::default(), Vec::new(), Some(State::new_delta()));
+        }
         let incoming = State::keys_touched_by(&full);
         let before = match &incoming {
             Some(keys) => self.note_visible(keys, now_ms),
@@ -62,6 +65,9 @@ impl Replica {
     /// Joins `delta` and returns what the join did and what a read at `now_ms` shows
     /// differently.
     fn join_and_diff(&mut self, delta: State, now_ms: u64) -> (JoinReport, Vec<Change>) {
+        if !self.state.learns_from(&delta) {
+            return (JoinReport::default(), Vec::new());
+        }
         let before = self.note_visible(&self.state.keys_a_join_may_touch(&delta), now_ms);
         let report = self.state.join(delta);
         let changes = self.after_join(before, &report, now_ms);

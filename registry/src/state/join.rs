@@ -26,6 +26,10 @@ pub struct JoinReport {
     pub leases: BTreeSet<ReplicaId>,
     /// Whether the join taught this state a dot it had not seen.
     pub context_grew: bool,
+    /// Dots a full state taught this state without their writes, which the effective delta
+    /// leaves out (see [`State::join_collecting`]): peers learn them from their own
+    /// anti-entropy, not from what this state forwards.
+    pub left_out: usize,
 }
 
 impl JoinReport {
@@ -259,6 +263,38 @@ impl State {
     }
 }
 
+impl State {
+    /// Whether joining `other` would change this state (what [`JoinReport::changed`] would
+    /// say), told without joining: a flood delivers most deltas more than once (about
+    /// three copies each, 3.5 a member at a cluster's start), and a copy already held then
+    /// costs the lookups of its keys, not the notes a join takes before and after. Always
+    /// true for a full state, which a join visits whole anyway.
+    pub(crate) fn learns_from(&self, other: &State) -> bool {
+        let Some(t) = &other.touched else {
+            return true;
+        };
+        if !self.ctx.includes(&other.ctx) {
+            return true;
+        }
+        let ctx = &other.ctx;
+        let regs = other.regs.keys().chain(&t.regs);
+        let leases = other.leases.keys().chain(&t.leases);
+        regs.into_iter()
+            .any(|k| drops_any(self.reg(k), other.reg(k), ctx))
+            || leases
+                .into_iter()
+                .any(|&n| drops_any(self.lease(n), other.lease(n), ctx))
+    }
+}
+
+/// Whether a join drops a dot of `mine`: one `theirs` does not store and their context saw.
+fn drops_any<V>(mine: Option<&DotFun<V>>, theirs: Option<&DotFun<V>>, their_ctx: &CausalContext) -> bool {
+    mine.is_some_and(|m| {
+        m.iter()
+            .any(|(d, _)| their_ctx.contains(d) && !theirs.is_some_and(|t| t.contains(d)))
+    })
+}
+
 /// What a state held, before a join, of what the join may change: enough to tell after it
 /// what the join taught the state (see [`State::join_collecting`]).
 struct BeforeJoin {
@@ -275,6 +311,9 @@ struct BeforeJoin {
     reg_dots: BTreeMap<RegKey, Vec<Dot>>,
     /// The dots of each lease the join may touch.
     lease_dots: BTreeMap<ReplicaId, Vec<Dot>>,
+    /// The leases the other state's registrations were written under: a dot named so was
+    /// a lease's, under its writer's key.
+    lease_refs: BTreeSet<Dot>,
 }
 
 impl BeforeJoin {
@@ -306,6 +345,11 @@ impl BeforeJoin {
                 state.leases.keys().map(lease_dots).collect(),
             ),
         };
+        let lease_refs = other
+            .regs
+            .values()
+            .flat_map(|f| f.iter().map(|(_, r)| r.lease_dot.clone()))
+            .collect();
         Self {
             brings_retirements,
             replicas,
@@ -313,6 +357,7 @@ impl BeforeJoin {
             incoming,
             reg_dots,
             lease_dots,
+            lease_refs,
         }
     }
 }
@@ -341,42 +386,73 @@ impl State {
         if before.brings_retirements {
             return (report, None);
         }
-        let effective = self.taught(before, &report, max_new_dots);
+        let mut report = report;
+        let effective = self.taught(before, &mut report, max_new_dots);
         (report, effective)
     }
 
     /// What a join that gave `report` taught this state, which held `before` before it:
     /// see [`State::join_collecting`].
-    fn taught(&self, before: BeforeJoin, report: &JoinReport, max_new_dots: usize) -> Option<State> {
+    fn taught(&self, before: BeforeJoin, report: &mut JoinReport, max_new_dots: usize) -> Option<State> {
         let (delta, mut dots, hint) = self.entries_changed(&before, report);
         // The dots newly seen without a value (removals we never saw the writes of): for
         // each replica, between what we had seen whole and the newest dot now seen.
         let keyed: BTreeSet<Dot> = dots.iter().cloned().collect();
-        let mut unknown_keys = false;
-        for d in self.newly_seen(&before, max_new_dots)? {
-            unknown_keys |= !keyed.contains(&d);
-            dots.push(d);
-        }
+        let unknown: Vec<Dot> = self
+            .newly_seen(&before, max_new_dots)?
+            .into_iter()
+            .filter(|d| !keyed.contains(d))
+            .collect();
+        let unknown_len = unknown.len();
+        let (touched, named) = self.keys_of_unknown(&before, hint, unknown);
+        report.left_out = unknown_len - named.len();
+        dots.extend(named);
         dots.sort();
         dots.dedup();
         if dots.len() > max_new_dots {
             return None;
         }
         let mut delta = delta.with_context(CausalContext::from_dots(dots));
-        // A dot seen without its write has no key we know. If what we joined was a delta,
-        // the keys it named (its store's and its hint's) hold every dot its context reaches,
-        // ours among them: name those too (our join visited no others). After a full state,
-        // the delta cannot name every key it reaches into: it then joins like a full state
-        // (every key visited, at every peer it reaches).
-        delta.touched = match (unknown_keys, before.incoming) {
-            (false, _) => Some(hint),
-            (true, Some((regs, leases))) => Some(Touched {
-                regs: hint.regs.into_iter().chain(regs).collect(),
-                leases: hint.leases.into_iter().chain(leases).collect(),
-            }),
-            (true, None) => None,
-        };
+        delta.touched = Some(touched);
         Some(delta)
+    }
+
+    /// The keys the effective delta names (`Touched`): those the join changed (`hint`),
+    /// and those holding the dots it newly saw without their writes (`unknown`) where a
+    /// peer may still store them.
+    ///
+    /// A dot a registration names as its lease is a lease's, under its writer's key (only
+    /// a node writes its lease): a node's first lease, replaced by a renewal before a peer
+    /// heard of it, is nearly every such dot while a cluster starts. For any other, the
+    /// keys the joined delta named hold it, ours among them (our join visited no others):
+    /// naming them all made the hints grow with every batch they went through (36 keys
+    /// a delta at 300 simulated nodes starting at once, 4 changed). After a full state no
+    /// key can be named for it, and a delta naming none would be joined like a full state
+    /// at every peer it reaches, each of which forwarded it so again: such dots are left
+    /// out (`report.left_out`), and peers whose context lacks them learn them from their
+    /// own anti-entropy. Returns the keys, and the dots they name.
+    fn keys_of_unknown(
+        &self,
+        before: &BeforeJoin,
+        mut hint: Touched,
+        unknown: Vec<Dot>,
+    ) -> (Touched, Vec<Dot>) {
+        let is_lease = |d: &Dot| {
+            before.lease_refs.contains(d)
+                || hint
+                    .regs
+                    .iter()
+                    .filter_map(|k| self.reg(k))
+                    .any(|f| f.iter().any(|(_, r)| r.lease_dot == *d))
+        };
+        let (mut named, others): (Vec<Dot>, Vec<Dot>) = unknown.into_iter().partition(is_lease);
+        hint.leases.extend(named.iter().map(|d| d.actor));
+        if let (Some((regs, leases)), false) = (&before.incoming, others.is_empty()) {
+            hint.regs.extend(regs.iter().cloned());
+            hint.leases.extend(leases.iter().copied());
+            named.extend(others);
+        }
+        (hint, named)
     }
 
     /// The entries a join that gave `report` changed, from their dots `before` it: a delta

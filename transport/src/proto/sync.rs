@@ -356,6 +356,11 @@ impl Node {
             .apply_collecting(delta, now.wall_ms, MAX_FORWARD_DOTS);
         if report.changed() {
             self.counters.deltas_applied += 1;
+            if report.left_out > 0 {
+                // Dots a full state taught without their writes are not forwarded (they
+                // name no key): the buffer no longer holds all this process learnt.
+                self.base_valid = false;
+            }
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
