@@ -588,6 +588,46 @@ fn lapsed_due_finds_what_lapsed_finds_whatever_joins_and_time_do() {
     );
 }
 
+/// As above, for the sweep of ended leases: `expire`, which skips the read while the
+/// replica is unchanged and no lease it read can have ended, removes what a sweep by a
+/// fresh replica of the same state (which remembers nothing) removes, at every step.
+fn expire_finds_what_a_fresh_sweep_finds(s: &Schedule, steps: &[u16]) -> bool {
+    let sim = Sim::run(Rules::default(), s);
+    let grace = Rules::default().grace_ms;
+    let mut r = Replica::new(ReplicaId(0xBB));
+    let mut t = 1_000_000u64;
+    let mut states = sim
+        .snapshots
+        .iter()
+        .chain(sim.replicas.iter().map(Replica::state));
+    for (i, &step) in steps.iter().enumerate() {
+        if i % 3 == 0 {
+            if let Some(st) = states.next() {
+                r.apply(st.clone(), t);
+            }
+        }
+        t += u64::from(step % 8_000);
+        let mut fresh = Replica::from_state(r.id(), r.state().clone(), 0);
+        let expected = fresh.expire(t, grace).map(|a| a.changes);
+        let got = r.expire(t, grace).map(|a| a.changes);
+        if got != expected || r.state() != fresh.state() {
+            eprintln!("at {t}: expire {got:?}, a fresh sweep {expected:?}");
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn expire_finds_what_a_fresh_sweep_finds_whatever_joins_and_time_do() {
+    check(
+        "expire_finds_what_a_fresh_sweep_finds_whatever_joins_and_time_do",
+        CASES,
+        (|s: Schedule, steps: Vec<u16>| expire_finds_what_a_fresh_sweep_finds(&s, &steps))
+            as fn(Schedule, Vec<u16>) -> bool,
+    );
+}
+
 #[test]
 fn an_instance_whose_lease_ends_is_reported_lapsed_once() {
     use roster_registry::{Change, Hlc, Metadata, Replica, ReplicaId};

@@ -92,6 +92,9 @@ impl Replica {
     /// After a join that gave `report`: notes the keys it changed (when tracked) and
     /// returns what a read at `now_ms` shows differently from `before`.
     fn after_join(&mut self, before: VisibleBefore, report: &JoinReport, now_ms: u64) -> Vec<Change> {
+        if report.changed() {
+            self.version += 1;
+        }
         if let Some(changed) = &mut self.changed {
             changed.record(report);
         }
@@ -134,10 +137,19 @@ impl Replica {
         // Nearly always the join already looked at every registration such a node wrote
         // (they came in the same delta, or went with the lease); the counts say when it did
         // not, and only then is the store scanned.
+        // By each registration's writers, not by each flipped node: a batch of members
+        // coming up at a cluster's start is hundreds of both.
         let mut counts: BTreeMap<ReplicaId, u32> = BTreeMap::new();
         for f in looked_at.keys().filter_map(|k| self.state.reg(k)) {
-            for n in flipped.iter().filter(|n| f.dots().any(|d| d.actor == **n)) {
-                *counts.entry(*n).or_default() += 1;
+            let mut writers: Vec<ReplicaId> = f
+                .dots()
+                .map(|d| d.actor)
+                .filter(|n| flipped.contains(n))
+                .collect();
+            writers.sort_unstable();
+            writers.dedup();
+            for n in writers {
+                *counts.entry(n).or_default() += 1;
             }
         }
         let unseen = flipped

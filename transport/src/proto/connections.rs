@@ -455,7 +455,7 @@ impl Node {
         }
         // Each side says what it has seen, as hashes: the other answers with its digest when
         // they differ, and the exchange goes on from there; nodes in step stop here.
-        let state = message::state_hash(self.replica.state());
+        let state = self.state_hash();
         self.send_to_peer(
             peer.id,
             Message::digest_hash(self.replica.context(), Some(state)),

@@ -29,7 +29,7 @@ use roster_registry::{
 
 use crate::backoff::{Backoff, BackoffPolicy, Failure};
 use crate::buffer::DeltaBuffer;
-use crate::message::{self, Message};
+use crate::message::Message;
 
 /// The anti-entropy exchange with random members.
 mod anti_entropy;
@@ -262,6 +262,8 @@ pub struct Node {
     /// only the buffer (trimmed by its digest), not a full state.
     start_ctx: CausalContext,
     base_valid: bool,
+    /// The hash of the state (see [`Node::state_hash`]) and the replica version it is of.
+    state_hash: Option<(u64, [u8; 16])>,
 }
 
 impl Node {
@@ -356,6 +358,7 @@ impl Node {
             leases_shipped: resume.leases_shipped,
             start_ctx: CausalContext::new(),
             base_valid: true,
+            state_hash: None,
             time,
         };
         node.start_ctx = node.replica.context().clone();
@@ -527,7 +530,7 @@ impl Node {
             return;
         }
         self.peers.entry(peer).or_default().digest_sent_at = Some(now.mono_ms);
-        let state = message::state_hash(self.replica.state());
+        let state = self.state_hash();
         self.send_to_peer(
             peer,
             Message::digest(self.replica.context(), false, Some(state)),

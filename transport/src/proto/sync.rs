@@ -392,6 +392,22 @@ impl Node {
         }
     }
 
+    /// The hash of the replica's state that a new connection and a digest carry: computed
+    /// again only once the state changed. It encodes the whole state, and a cluster
+    /// starting at once opens connections by the thousand (9% of the work at 1,000
+    /// simulated nodes).
+    pub(super) fn state_hash(&mut self) -> [u8; 16] {
+        let version = self.replica.version();
+        match self.state_hash {
+            Some((v, hash)) if v == version => hash,
+            _ => {
+                let hash = message::state_hash(self.replica.state());
+                self.state_hash = Some((version, hash));
+                hash
+            }
+        }
+    }
+
     /// A peer whose state hash (sent with its digest) equals ours holds exactly what we
     /// hold: take our head as its acknowledgement, and say whether it does. A connection
     /// between two nodes in step, say a rotation's, then costs a digest each way. Before,
@@ -405,7 +421,7 @@ impl Node {
         ours: &CausalContext,
         hash: [u8; 16],
     ) -> bool {
-        if theirs != ours || message::state_hash(self.replica.state()) != hash {
+        if theirs != ours || self.state_hash() != hash {
             return false;
         }
         let head = self.buffer.head();
@@ -439,7 +455,7 @@ impl Node {
             self.peers.entry(peer).or_default().hashes_sent_at = None;
         }
         let differs = hash != message::context_hash(self.replica.context())
-            || state.is_some_and(|s| s != message::state_hash(self.replica.state()));
+            || state.is_some_and(|s| s != self.state_hash());
         if differs && !answer {
             self.send_digest(peer, now);
         }
