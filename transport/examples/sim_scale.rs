@@ -6,7 +6,10 @@
 //! - how long a new registration takes to reach every node (virtual ms, and gossip ticks);
 //! - the bytes each node receives for that one update (the messages that carried it), as a
 //!   multiple of its encoded delta;
-//! - the bytes each node sends per second when nothing changes (digests, lease renewals).
+//! - the bytes each node sends per second when nothing changes (digests, lease renewals);
+//! - how long a new node (an empty disk, held back until then) takes to hold every member
+//!   and be held by every node;
+//! - how long a killed node takes to be gone from every node's members (written dead).
 //!
 //! It prints its seed, and on stderr the wall time of each phase; the last column is the
 //! process's peak memory (run one size per process to read it per size).
@@ -34,6 +37,17 @@ fn peak_rss_mib() -> Option<u64> {
     Some(kib / 1024)
 }
 
+/// The process's CPU time so far (user and system), in seconds (Linux; `None` elsewhere).
+fn cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name in parentheses: state is field 3, utime 14, stime 15, in
+    // clock ticks of 1/100 s (USER_HZ).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
@@ -54,8 +68,8 @@ fn main() {
         "seed {seed}; gossip tick {} ms, fanout {}, {} outbound connections, push spacing {} ms, member lease {} ms; one-way delay 1-5 ms",
         d.gossip_interval_ms, d.fanout, d.max_outbound, d.push_delay_ms, member_ttl
     );
-    println!("| nodes | to every node (ms) | ticks | bytes received per node for the update | messages that carried it, per node | as a multiple of the delta | idle bytes sent per node per s | per min | wall s | peak RSS MiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| nodes | to every node (ms) | ticks | bytes received per node for the update | messages that carried it, per node | as a multiple of the delta | idle bytes sent per node per s | per min | a new node joined and synced (ms) | a killed node gone everywhere (ms) | wall s | CPU s | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         let t0 = std::time::Instant::now();
         let cfg = Config {
@@ -69,8 +83,11 @@ fn main() {
             t0.elapsed().as_secs_f64()
         );
         let u = measure_update(&mut sim, n);
+        let joined = measure_join(&mut sim, n);
+        let killed = measure_kill(&mut sim);
+        let ms = |t: Option<u64>| t.map_or("not all".to_string(), |t| t.to_string());
         println!(
-            "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {} |",
+            "| {n} | {} | {:.3} | {:.0} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {} |",
             u.last_ms.map_or("not all".to_string(), |l| l.to_string()),
             u.last_ms.unwrap_or(u.slowest_ms) as f64 / cfg.gossip_interval_ms as f64,
             u.per_node,
@@ -78,13 +95,17 @@ fn main() {
             u.per_node / u.delta_size as f64,
             idle,
             idle * 60.0,
+            ms(joined),
+            ms(killed),
             t0.elapsed().as_secs_f64(),
+            cpu_s().map_or("?".to_string(), |c| format!("{c:.1}")),
             peak_rss_mib().map_or("?".to_string(), |m| m.to_string())
         );
     }
 }
 
-/// `n` nodes bootstrapped and settled past their first renewals.
+/// `n` nodes bootstrapped and settled past their first renewals, and one more machine
+/// (the last) held back with an empty disk, to join later (`measure_join`).
 fn settled(n: usize, cfg: Config, seed: u64, t0: std::time::Instant) -> Sim {
     let faults = Faults {
         loss_permille: 0,
@@ -92,24 +113,63 @@ fn settled(n: usize, cfg: Config, seed: u64, t0: std::time::Instant) -> Sim {
         min_delay_ms: 1,
         max_delay_ms: 5,
     };
-    let mut sim = Sim::new(n, cfg, faults, seed);
+    let mut sim = Sim::new(n + 1, cfg, faults, seed);
+    sim.crash_unsaved(n, roster_registry::State::new());
     let start_ms = sim.now_ms();
     let mut settled = false;
     for _ in 0..600 {
         sim.run_for(1_000);
-        if (0..n).all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == n - 1) && sim.converged() {
+        if members_everywhere(&sim, n - 1) && sim.converged() {
             settled = true;
             break;
         }
     }
     assert!(settled, "{n} nodes did not settle in 600 s");
     eprintln!(
-        "{n} nodes: settled after {} s of virtual time, {:.1} s of wall time",
+        "{n} nodes: settled after {} s of virtual time, {:.1} s of wall time, {:.1} s of CPU",
         (sim.now_ms() - start_ms) / 1_000,
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        cpu_s().unwrap_or_default()
     );
     sim.run_for(30_000);
     sim
+}
+
+/// Whether every running node lists `others` members besides itself.
+fn members_everywhere(sim: &Sim, others: usize) -> bool {
+    sim.running()
+        .into_iter()
+        .all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == others)
+}
+
+/// A new node (the held-back machine, its disk empty) starts: how long until it lists
+/// every member, has synced, and every node lists it (virtual ms, followed for 60 s).
+fn measure_join(sim: &mut Sim, n: usize) -> Option<u64> {
+    let start = sim.now_ms();
+    sim.restart(n);
+    while sim.now_ms() < start + 60_000 {
+        sim.run_for(10);
+        let synced = sim.node(n).is_some_and(|node| node.synced());
+        if synced && members_everywhere(sim, n) {
+            return Some(sim.now_ms() - start);
+        }
+    }
+    None
+}
+
+/// A node (machine 1, not the seed) is killed: how long until no running node lists it
+/// (virtual ms, followed for 60 s).
+fn measure_kill(sim: &mut Sim) -> Option<u64> {
+    let others = sim.running().len() - 2;
+    let start = sim.now_ms();
+    sim.crash(1);
+    while sim.now_ms() < start + 60_000 {
+        sim.run_for(10);
+        if members_everywhere(sim, others) {
+            return Some(sim.now_ms() - start);
+        }
+    }
+    None
 }
 
 /// Idle: nothing changes but lease renewals, digest hashes and what they find. Returns
