@@ -40,7 +40,7 @@ pub struct Replica {
     /// No lease ends before this (wall ms), as far as [`Replica::lapsed_due`] knows: until
     /// then it finds nothing without looking. 0 until it first looked.
     lapse_floor: u64,
-    /// How many times the state changed (see [`Replica::version`]).
+    /// How many times this replica changed (see [`Replica::version`]).
     version: u64,
     /// What the last sweep that found nothing knew (see [`Replica::expire_holding`]).
     sweep: Option<Box<SweepFloor>>,
@@ -184,9 +184,10 @@ impl Replica {
         }
     }
 
-    /// How many times this replica's state changed (a join that changed it, a sweep, a
-    /// forgotten retirement): while it stays the same, so does the state, and what was
-    /// computed from it (a hash of it, a sweep that found nothing) still holds.
+    /// How many times this replica changed: its state (a join that changed it, a sweep,
+    /// a forgotten retirement) or the nodes it shows unreachable. While it stays the same,
+    /// so do they, and what was computed from them (a hash of the state, a sweep that
+    /// found nothing, the live members) still holds.
     pub fn version(&self) -> u64 {
         self.version
     }

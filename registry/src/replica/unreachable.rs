@@ -48,6 +48,7 @@ impl Replica {
             .collect();
         let before = self.read_of(&touched, now_ms);
         self.unreachable = Arc::new(next);
+        self.version += 1;
         let after = self.read_of(&touched, now_ms);
         // The same registers before and after: only the set changed, not the state.
         before

@@ -27,13 +27,16 @@ const SYNC_SCALE_FROM: usize = 32;
 impl Node {
     /// The exchange's round: the hash to a random member.
     pub(super) fn anti_entropy(&mut self, now: Now) {
-        let members = self.members(now.wall_ms);
+        let members = self.live_others(now.wall_ms);
         let connected: BTreeSet<ReplicaId> = self.linked_peers();
-        let pick = (!members.is_empty()).then(|| members[self.rng.random_range(0..members.len())].clone());
+        let pick = (!members.is_empty()).then(|| {
+            let m = &members[self.rng.random_range(0..members.len())];
+            (m.id, m.url.as_deref().unwrap_or_default().to_string())
+        });
         let hash = Message::digest_hash(self.replica.context(), None);
         match pick {
-            Some((id, _, _)) if connected.contains(&id) => self.send_to_peer(id, hash, now),
-            Some((id, url, _)) if self.may_dial_for_sync(id, members.len(), now) => {
+            Some((id, _)) if connected.contains(&id) => self.send_to_peer(id, hash, now),
+            Some((id, url)) if self.may_dial_for_sync(id, members.len(), now) => {
                 self.sync_dial_at = Some(now.mono_ms);
                 if let Some(p) = self.peers.get_mut(&id) {
                     p.dialing = Some(now.mono_ms);

@@ -18,7 +18,6 @@ use roster_registry::ReplicaId;
 
 use rand::RngExt;
 
-use super::membership::live_members;
 use super::{DialTarget, Node, Now, Output};
 
 /// The least time between two dials of a border node's target zone past its backoff.
@@ -59,14 +58,14 @@ impl Node {
         let mut by_zone: BTreeMap<&str, Vec<ReplicaId>> = BTreeMap::new();
         let mine = self.me.zone.as_str();
         by_zone.entry(mine).or_default();
-        let members = live_members(&self.replica, now_ms);
+        let members = self.live_all(now_ms);
         for m in members.iter().filter(|m| m.id != self.me.id) {
-            view.zoned |= m.zone != mine;
-            if self.cfg.border_links == 0 || m.zone == mine {
+            view.zoned |= &*m.zone != mine;
+            if self.cfg.border_links == 0 || &*m.zone == mine {
                 view.near.insert(m.id);
             } else {
                 view.far.insert(m.id);
-                by_zone.entry(m.zone).or_default().push(m.id);
+                by_zone.entry(&m.zone).or_default().push(m.id);
             }
         }
         let rank = view.near.range(..self.me.id).count();
@@ -141,10 +140,11 @@ impl Node {
         if linked || dialing || self.outbound_room(now) == 0 {
             return;
         }
-        let urls: Vec<(ReplicaId, String)> = live_members(&self.replica, now.wall_ms)
-            .into_iter()
+        let urls: Vec<(ReplicaId, String)> = self
+            .live_all(now.wall_ms)
+            .iter()
             .filter(|m| view.target.contains(&m.id))
-            .filter_map(|m| Some((m.id, m.url?.to_string())))
+            .filter_map(|m| Some((m.id, m.url.as_deref()?.to_string())))
             .collect();
         if urls.is_empty() {
             return;

@@ -196,17 +196,20 @@ impl Node {
         if !self.cfg.dial || self.stopping {
             return;
         }
-        let live: BTreeSet<ReplicaId> = self
-            .members(now.wall_ms)
-            .into_iter()
-            .map(|(id, url, name)| {
-                let p = self.peers.entry(id).or_default();
-                p.url = Some(url);
-                p.name = Some(name);
-                p.last_seen_ms = now.wall_ms;
-                id
-            })
-            .collect();
+        let members = self.live_others(now.wall_ms);
+        let mut live = BTreeSet::new();
+        for m in members.iter() {
+            let p = self.peers.entry(m.id).or_default();
+            // Copied only when they changed: this round reads every member.
+            if p.url.as_deref() != m.url.as_deref() {
+                p.url = m.url.as_deref().map(str::to_string);
+            }
+            if p.name.as_deref() != Some(&*m.name) {
+                p.name = Some(m.name.to_string());
+            }
+            p.last_seen_ms = now.wall_ms;
+            live.insert(m.id);
+        }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
         self.peers
@@ -266,7 +269,7 @@ impl Node {
             .filter(|(_, c)| c.outbound && !c.sync)
             .map(|(id, _)| *id)
             .collect();
-        let others = self.members(now.wall_ms).len();
+        let others = self.live_others(now.wall_ms).len();
         if outbound.len() < self.cfg.max_outbound || others <= outbound.len() {
             return;
         }
@@ -293,7 +296,7 @@ impl Node {
             return;
         };
         let outbound = self.conns.values().filter(|c| c.outbound && !c.sync).count();
-        if self.members(now.wall_ms).len() <= outbound {
+        if self.live_others(now.wall_ms).len() <= outbound {
             return;
         }
         self.close(conn, "joined; moving from the seed to a random member", now);

@@ -29,7 +29,7 @@ use roster_registry::ReplicaId;
 
 use roster_registry::Change;
 
-use super::membership::{has_left, live_members, members_service};
+use super::membership::{has_left, members_service};
 use super::{DialTarget, Node, Now, Output, Zone};
 
 /// Zones with fewer members than this are never damped: in a zone of one or two, one
@@ -72,10 +72,11 @@ impl Node {
             return;
         }
         let bound = self.cfg.damping_bound_ms;
-        let live: BTreeMap<ReplicaId, Zone> = live_members(&self.replica, now.wall_ms)
-            .into_iter()
+        let live: BTreeMap<ReplicaId, Zone> = self
+            .live_all(now.wall_ms)
+            .iter()
             .filter(|m| m.id != self.me.id && !m.unreachable)
-            .map(|m| (m.id, Zone::new(m.zone).unwrap_or_default()))
+            .map(|m| (m.id, Zone::new(&m.zone).unwrap_or_default()))
             .collect();
         let gone: Vec<(ReplicaId, Zone)> = self
             .damping

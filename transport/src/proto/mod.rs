@@ -46,6 +46,7 @@ mod dispatch;
 mod force;
 mod guard;
 mod liveness;
+mod member_view;
 mod membership;
 mod ownership;
 mod pacing;
@@ -264,6 +265,8 @@ pub struct Node {
     base_valid: bool,
     /// The hash of the state (see [`Node::state_hash`]) and the replica version it is of.
     state_hash: Option<(u64, [u8; 16])>,
+    /// The live members, as last read (see `member_view`).
+    member_view: member_view::MemberView,
 }
 
 impl Node {
@@ -359,6 +362,7 @@ impl Node {
             start_ctx: CausalContext::new(),
             base_valid: true,
             state_hash: None,
+            member_view: member_view::MemberView::default(),
             time,
         };
         node.start_ctx = node.replica.context().clone();
