@@ -29,14 +29,12 @@ impl Node {
     pub(super) fn anti_entropy(&mut self, now: Now) {
         let members = self.live_others(now.wall_ms);
         let connected: BTreeSet<ReplicaId> = self.linked_peers();
-        let pick = (!members.is_empty()).then(|| {
-            let m = &members[self.rng.random_range(0..members.len())];
-            (m.id, m.url.as_deref().unwrap_or_default().to_string())
-        });
+        let pick = (!members.is_empty()).then(|| members[self.rng.random_range(0..members.len())]);
+        let pick = pick.map(|id| (id, self.member_contact(id, now.wall_ms).map(|(url, _)| url)));
         let hash = Message::digest_hash(self.replica.context(), None);
         match pick {
             Some((id, _)) if connected.contains(&id) => self.send_to_peer(id, hash, now),
-            Some((id, url)) if self.may_dial_for_sync(id, members.len(), now) => {
+            Some((id, Some(url))) if self.may_dial_for_sync(id, members.len(), now) => {
                 self.sync_dial_at = Some(now.mono_ms);
                 if let Some(p) = self.peers.get_mut(&id) {
                     p.dialing = Some(now.mono_ms);

@@ -140,11 +140,10 @@ impl Node {
         if linked || dialing || self.outbound_room(now) == 0 {
             return;
         }
-        let urls: Vec<(ReplicaId, String)> = self
-            .live_all(now.wall_ms)
+        let urls: Vec<(ReplicaId, String)> = view
+            .target
             .iter()
-            .filter(|m| view.target.contains(&m.id))
-            .filter_map(|m| Some((m.id, m.url.as_deref()?.to_string())))
+            .filter_map(|&id| Some((id, self.member_contact(id, now.wall_ms)?.0)))
             .collect();
         if urls.is_empty() {
             return;

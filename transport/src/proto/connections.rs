@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::ReplicaId;
 
+use super::membership::live_members;
 use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Now, Output, GUARDED_FAILURES, SEED_SETTLE_ROUNDS};
 use crate::backoff::Failure;
 use crate::message::{self, Message};
@@ -196,19 +197,11 @@ impl Node {
         if !self.cfg.dial || self.stopping {
             return;
         }
-        let members = self.live_others(now.wall_ms);
+        self.refresh_contacts(now);
         let mut live = BTreeSet::new();
-        for m in members.iter() {
-            let p = self.peers.entry(m.id).or_default();
-            // Copied only when they changed: this round reads every member.
-            if p.url.as_deref() != m.url.as_deref() {
-                p.url = m.url.as_deref().map(str::to_string);
-            }
-            if p.name.as_deref() != Some(&*m.name) {
-                p.name = Some(m.name.to_string());
-            }
-            p.last_seen_ms = now.wall_ms;
-            live.insert(m.id);
+        for &id in self.live_others(now.wall_ms).iter() {
+            self.peers.entry(id).or_default().last_seen_ms = now.wall_ms;
+            live.insert(id);
         }
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
@@ -233,6 +226,29 @@ impl Node {
         }
         self.counters.dials += 1;
         self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+    }
+
+    /// Copies each live member's URL and name into its peer record (kept to dial it again
+    /// once it is no longer a member), when the replica changed since the last copy, and
+    /// only what changed.
+    fn refresh_contacts(&mut self, now: Now) {
+        let version = self.replica.version();
+        if self.contacts_version == Some(version) {
+            return;
+        }
+        self.contacts_version = Some(version);
+        for m in live_members(&self.replica, now.wall_ms) {
+            let Some(url) = m.url.filter(|_| m.id != self.me.id && !m.unreachable) else {
+                continue;
+            };
+            let p = self.peers.entry(m.id).or_default();
+            if p.url.as_deref() != Some(url) {
+                p.url = Some(url.to_string());
+            }
+            if p.name.as_deref() != Some(m.name) {
+                p.name = Some(m.name.to_string());
+            }
+        }
     }
 
     /// Peers that were members and are not now (not `members`, not `connected`), with the

@@ -4,41 +4,30 @@
 //! A gossip round, a reconnect round, the anti-entropy exchange, the zone view and the
 //! damping each read every member; read from the replica each time (every member's
 //! registration, lease and metadata, and a copy of its URL and name), that was about a
-//! third of an idle simulated node's work at 1,000 members.
+//! third of an idle simulated node's work at 1,000 members. The view keeps ids and zones
+//! only (about 40 bytes a member, zones shared): a URL or a name is read from the replica
+//! for the one member that needs it.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use roster_registry::ReplicaId;
+use roster_registry::{RegKey, ReplicaId};
 
-use super::membership::{live_members, LiveMember};
+use super::membership::{live_members, member_provider, members_service, LiveMember};
 use super::Node;
 
-/// A live member, owned.
+/// A live member, as the view keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Member {
     /// The node.
     pub(super) id: ReplicaId,
-    /// Where it is dialed (`None` when its registration has none).
-    pub(super) url: Option<Arc<str>>,
-    /// Its name, for people.
-    pub(super) name: Arc<str>,
-    /// Its zone.
+    /// Its zone (one allocation per zone, shared by its members).
     pub(super) zone: Arc<str>,
     /// Whether it is shown only as unreachable (see [`LiveMember::unreachable`]).
     pub(super) unreachable: bool,
-}
-
-impl Member {
-    fn of(m: &LiveMember<'_>) -> Self {
-        Self {
-            id: m.id,
-            url: m.url.map(Arc::from),
-            name: Arc::from(m.name),
-            zone: Arc::from(m.zone),
-            unreachable: m.unreachable,
-        }
-    }
+    /// Whether its registration has a URL to dial.
+    pub(super) dialable: bool,
 }
 
 /// The members read at one replica version, valid from the time they were read until the
@@ -56,7 +45,7 @@ struct Read {
     /// Every live member, this node included.
     all: Arc<[Member]>,
     /// Those [`Node::members`] lists: not this node, not only unreachable, with a URL.
-    others: Arc<[Member]>,
+    others: Arc<[ReplicaId]>,
 }
 
 impl Node {
@@ -67,8 +56,19 @@ impl Node {
 
     /// The live members other than this node, not only unreachable, with a URL: those
     /// dialed and picked for exchanges.
-    pub(super) fn live_others(&self, now_ms: u64) -> Arc<[Member]> {
+    pub(super) fn live_others(&self, now_ms: u64) -> Arc<[ReplicaId]> {
         self.read_members(now_ms, |r| r.others.clone())
+    }
+
+    /// A live member's URL and name, read from the replica.
+    pub(super) fn member_contact(&self, id: ReplicaId, now_ms: u64) -> Option<(String, String)> {
+        let key = RegKey {
+            service: members_service(),
+            provider: member_provider(id),
+        };
+        let i = self.replica.visible(&key, now_ms)?;
+        let m = LiveMember::of(&i)?;
+        Some((m.url?.to_string(), m.name.to_string()))
     }
 
     fn read_members<T>(&self, now_ms: u64, f: impl FnOnce(&Read) -> T) -> T {
@@ -88,11 +88,20 @@ impl Node {
             .map(|m| m.lease.deadline_ms())
             .min()
             .unwrap_or(u64::MAX);
-        let all: Arc<[Member]> = live.iter().map(Member::of).collect();
+        let mut zones: BTreeMap<&str, Arc<str>> = BTreeMap::new();
+        let all: Arc<[Member]> = live
+            .iter()
+            .map(|m| Member {
+                id: m.id,
+                zone: zones.entry(m.zone).or_insert_with(|| Arc::from(m.zone)).clone(),
+                unreachable: m.unreachable,
+                dialable: m.url.is_some(),
+            })
+            .collect();
         let others = all
             .iter()
-            .filter(|m| m.id != self.me.id && !m.unreachable && m.url.is_some())
-            .cloned()
+            .filter(|m| m.id != self.me.id && !m.unreachable && m.dialable)
+            .map(|m| m.id)
             .collect();
         Read {
             version,
@@ -144,7 +153,12 @@ mod tests {
     fn read_now(node: &Node, now_ms: u64) -> Vec<Member> {
         live_members(&node.replica, now_ms)
             .iter()
-            .map(Member::of)
+            .map(|m| Member {
+                id: m.id,
+                zone: Arc::from(m.zone),
+                unreachable: m.unreachable,
+                dialable: m.url.is_some(),
+            })
             .collect()
     }
 
@@ -183,12 +197,16 @@ mod tests {
                 }
                 let all = node.live_all(now);
                 assert_eq!(&*all, &read_now(&node, now)[..], "seed {seed}, at {now}");
-                let others: Vec<Member> = all
+                let others: Vec<ReplicaId> = all
                     .iter()
-                    .filter(|m| m.id != ReplicaId(1) && !m.unreachable && m.url.is_some())
-                    .cloned()
+                    .filter(|m| m.id != ReplicaId(1) && !m.unreachable && m.dialable)
+                    .map(|m| m.id)
                     .collect();
                 assert_eq!(&*node.live_others(now), &others[..], "seed {seed}, at {now}");
+                for m in live_members(&node.replica, now) {
+                    let contact = m.url.map(|u| (u.to_string(), m.name.to_string()));
+                    assert_eq!(node.member_contact(m.id, now), contact, "seed {seed}, at {now}");
+                }
             }
         }
     }

@@ -107,9 +107,10 @@ impl Node {
     /// The live members other than this node, by id, with their URL and name: not those
     /// only shown as unreachable (they are dialed as lost peers, so a healed cut is found).
     pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
-        self.live_others(now_ms)
-            .iter()
-            .filter_map(|m| Some((m.id, m.url.as_deref()?.to_string(), m.name.to_string())))
+        live_members(&self.replica, now_ms)
+            .into_iter()
+            .filter(|m| m.id != self.me.id && !m.unreachable)
+            .filter_map(|m| Some((m.id, m.url?.to_string(), m.name.to_string())))
             .collect()
     }
 }

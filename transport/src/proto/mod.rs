@@ -267,6 +267,8 @@ pub struct Node {
     state_hash: Option<(u64, [u8; 16])>,
     /// The live members, as last read (see `member_view`).
     member_view: member_view::MemberView,
+    /// The replica version whose members' URLs and names the peer records hold.
+    contacts_version: Option<u64>,
 }
 
 impl Node {
@@ -363,6 +365,7 @@ impl Node {
             base_valid: true,
             state_hash: None,
             member_view: member_view::MemberView::default(),
+            contacts_version: None,
             time,
         };
         node.start_ctx = node.replica.context().clone();
