@@ -314,6 +314,11 @@ struct BeforeJoin {
     /// The leases the other state's registrations were written under: a dot named so was
     /// a lease's, under its writer's key.
     lease_refs: BTreeSet<Dot>,
+    /// The leases a delta of lease removals only (a death written) removes from without
+    /// storing one, and what its context holds of those nodes: see
+    /// [`State::removals_known`].
+    lease_removals: BTreeSet<ReplicaId>,
+    removals_ctx: CausalContext,
 }
 
 impl BeforeJoin {
@@ -350,6 +355,20 @@ impl BeforeJoin {
             .values()
             .flat_map(|f| f.iter().map(|(_, r)| r.lease_dot.clone()))
             .collect();
+        // Only a delta that names leases alone: every dot its context has and its store
+        // has not is then under one of those leases (a delta names where its removals
+        // are), so what its context holds of a node it names is that node's removed leases.
+        let retired: BTreeSet<ReplicaId> = other.ctx.retired().map(|(r, _)| r).collect();
+        let lease_removals: BTreeSet<ReplicaId> = match &other.touched {
+            Some(t) if t.regs.is_empty() && other.regs.is_empty() => t
+                .leases
+                .iter()
+                .filter(|n| !other.leases.contains_key(n) && !retired.contains(n))
+                .copied()
+                .collect(),
+            _ => BTreeSet::new(),
+        };
+        let removals_ctx = other.ctx.restricted_to(&lease_removals);
         Self {
             brings_retirements,
             replicas,
@@ -358,6 +377,8 @@ impl BeforeJoin {
             reg_dots,
             lease_dots,
             lease_refs,
+            lease_removals,
+            removals_ctx,
         }
     }
 }
@@ -412,9 +433,50 @@ impl State {
         if dots.len() > max_new_dots {
             return None;
         }
-        let mut delta = delta.with_context(CausalContext::from_dots(dots));
+        let mut ctx = CausalContext::from_dots(dots);
+        let (mut delta, mut touched) = (delta, touched);
+        self.removals_known(&before, report, &mut delta, &mut ctx, &mut touched);
+        let mut delta = delta.with_context(ctx);
         delta.touched = Some(touched);
         Some(delta)
+    }
+
+    /// A lease removal that taught this state nothing (it had it from another root's
+    /// delta) still goes on with what this state forwards for it: the removed lease dots
+    /// the received delta named, and the lease as this state holds it. Every peer of a
+    /// dead node writes it dead, one removal under as many roots within milliseconds;
+    /// forwarded with the first of them only, a node whose trees brought it the others
+    /// only kept the dead node listed until some later write (1 node of 100, 11-12 s:
+    /// `a_death_written_by_several_peers_at_once_reaches_every_node_on_the_trees`).
+    /// Sound: those dots are removed here too (the received delta named only leases, so
+    /// they were under that lease, and this join removed them), and this state's own
+    /// dots of that lease go along stored.
+    fn removals_known(
+        &self,
+        before: &BeforeJoin,
+        report: &JoinReport,
+        delta: &mut State,
+        ctx: &mut CausalContext,
+        touched: &mut Touched,
+    ) {
+        // Those whose lease this join changed carry their removal already.
+        let known: BTreeSet<ReplicaId> = before
+            .lease_removals
+            .iter()
+            .filter(|n| !report.leases.contains(n))
+            .copied()
+            .collect();
+        if known.is_empty() {
+            return;
+        }
+        ctx.join(&before.removals_ctx.restricted_to(&known));
+        for &n in &known {
+            for (d, l) in self.lease(n).into_iter().flat_map(DotFun::iter) {
+                delta.insert_lease(n, d.clone(), *l);
+                ctx.insert(d.clone());
+            }
+            touched.leases.insert(n);
+        }
     }
 
     /// The keys the effective delta names (`Touched`): those the join changed (`hint`),
