@@ -311,6 +311,7 @@ mod elide;
 mod join;
 pub(crate) mod legacy;
 mod parts;
+mod taught;
 
 pub use elide::Elided;
 pub use join::JoinReport;
