@@ -549,10 +549,16 @@ fn explain_shows_the_winning_write_its_node_and_its_lease() {
     assert!(a.explain(&service(1), &p, 0).is_none());
 }
 
-/// Joins each state the schedule's replicas passed through into a fresh replica, with
-/// time passing in between (`steps`), and asks at each step what lapsed: `lapsed_due`,
-/// which skips the look while no lease can have ended, finds what `lapsed` finds.
-fn lapsed_due_finds_what_lapsed_finds(s: &Schedule, steps: &[u16]) -> bool {
+/// Joins each state the schedule's replicas passed through into a fresh replica, one every
+/// `every` steps, with time passing in between (`steps`, each up to `max_step` ms), and
+/// asks `holds` at each step, with the time before and after it.
+fn replay(
+    s: &Schedule,
+    steps: &[u16],
+    every: usize,
+    max_step: u16,
+    mut holds: impl FnMut(&mut Replica, u64, u64) -> bool,
+) -> bool {
     let sim = Sim::run(Rules::default(), s);
     let mut r = Replica::new(ReplicaId(0xBB));
     let mut t = 1_000_000u64;
@@ -561,21 +567,31 @@ fn lapsed_due_finds_what_lapsed_finds(s: &Schedule, steps: &[u16]) -> bool {
         .iter()
         .chain(sim.replicas.iter().map(Replica::state));
     for (i, &step) in steps.iter().enumerate() {
-        if i % 2 == 0 {
+        if i % every == 0 {
             if let Some(st) = states.next() {
                 r.apply(st.clone(), t);
             }
         }
-        let next = t + u64::from(step % 4_000);
-        let expected = r.lapsed(t, next);
-        let got = r.lapsed_due(t, next);
-        if got != expected {
-            eprintln!("from {t} to {next}: lapsed_due {got:?}, lapsed {expected:?}");
+        let next = t + u64::from(step % max_step);
+        if !holds(&mut r, t, next) {
             return false;
         }
         t = next;
     }
     true
+}
+
+/// What lapsed at each step of a replay: `lapsed_due`, which skips the look while no lease
+/// can have ended, finds what `lapsed` finds.
+fn lapsed_due_finds_what_lapsed_finds(s: &Schedule, steps: &[u16]) -> bool {
+    replay(s, steps, 2, 4_000, |r, t, next| {
+        let expected = r.lapsed(t, next);
+        let got = r.lapsed_due(t, next);
+        if got != expected {
+            eprintln!("from {t} to {next}: lapsed_due {got:?}, lapsed {expected:?}");
+        }
+        got == expected
+    })
 }
 
 #[test]
@@ -592,21 +608,8 @@ fn lapsed_due_finds_what_lapsed_finds_whatever_joins_and_time_do() {
 /// replica is unchanged and no lease it read can have ended, removes what a sweep by a
 /// fresh replica of the same state (which remembers nothing) removes, at every step.
 fn expire_finds_what_a_fresh_sweep_finds(s: &Schedule, steps: &[u16]) -> bool {
-    let sim = Sim::run(Rules::default(), s);
     let grace = Rules::default().grace_ms;
-    let mut r = Replica::new(ReplicaId(0xBB));
-    let mut t = 1_000_000u64;
-    let mut states = sim
-        .snapshots
-        .iter()
-        .chain(sim.replicas.iter().map(Replica::state));
-    for (i, &step) in steps.iter().enumerate() {
-        if i % 3 == 0 {
-            if let Some(st) = states.next() {
-                r.apply(st.clone(), t);
-            }
-        }
-        t += u64::from(step % 8_000);
+    replay(s, steps, 3, 8_000, |r, _, t| {
         let mut fresh = Replica::from_state(r.id(), r.state().clone(), 0);
         let expected = fresh.expire(t, grace).map(|a| a.changes);
         let got = r.expire(t, grace).map(|a| a.changes);
@@ -614,8 +617,8 @@ fn expire_finds_what_a_fresh_sweep_finds(s: &Schedule, steps: &[u16]) -> bool {
             eprintln!("at {t}: expire {got:?}, a fresh sweep {expected:?}");
             return false;
         }
-    }
-    true
+        true
+    })
 }
 
 #[test]
