@@ -27,7 +27,6 @@ use roster_registry::{
     Bounds, CausalContext, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Replica, ReplicaId, ServiceName,
 };
 
-use crate::backoff::{Backoff, BackoffPolicy, Failure};
 use crate::buffer::DeltaBuffer;
 use crate::message::Message;
 
@@ -50,6 +49,8 @@ mod member_view;
 mod membership;
 mod ownership;
 mod pacing;
+/// What a node keeps of a connection, of another node it deals with, and of a seed.
+mod peer;
 mod resume;
 mod resume_types;
 /// Pushes, gossip rounds, full states, and forwarding what a delta taught.
@@ -63,6 +64,8 @@ mod tree;
 mod tree_sync;
 mod types;
 mod zone;
+
+use peer::{Conn, Peer, Seed};
 
 pub use force::ForcedDeath;
 pub use guard::CrashGuard;
@@ -98,102 +101,6 @@ const SEED_SETTLE_ROUNDS: u64 = 5;
 /// For this long after its start, a node dials the seeds it has not reached and no known
 /// member stands at, even while connected (see `dial_more`).
 const SEED_RETRY_MS: u64 = 5 * 60 * 1000;
-
-#[derive(Debug, Clone)]
-struct Conn {
-    peer: ReplicaId,
-    outbound: bool,
-    opened_at: u64,
-    /// The seed URL it was dialed as, if any.
-    seed: Option<String>,
-    /// The last delta number received and not acknowledged yet (see `ack_delay_ms`).
-    ack_owed: Option<u64>,
-    /// Dialed for one anti-entropy exchange (see `anti_entropy`): no pushes, no slot.
-    sync: bool,
-}
-
-/// What we know of another node.
-#[derive(Debug, Clone, Default)]
-struct Peer {
-    /// The last of our buffer's numbers it acknowledged.
-    acked: Option<u64>,
-    /// The last of our buffer's numbers sent to it on its oldest connection, which carries
-    /// all we send it (pushes send only what came after; gossip rounds resend from
-    /// `acked`). Cleared when that connection closes (`Node::forget_conn`).
-    sent: Option<u64>,
-    /// The number the last message that carried one to it named: numbers sent after it
-    /// carried nothing for it (changes learnt from it), so its acknowledgement covers
-    /// them too. Cleared with `sent`.
-    numbered: Option<u64>,
-    /// When we last sent it a full state (not again before the ack or a pause); monotonic
-    /// ms, like every time kept for a timer.
-    full_sent_at: Option<u64>,
-    /// When what was sent and not acknowledged may be sent again (see `Config::resend_after_ms`).
-    resend_at: Option<u64>,
-    /// Resends since its acknowledgement last advanced.
-    resends: u32,
-    /// Its last digest (boxed: most peers, members never connected, have none).
-    digest: Option<Box<CausalContext>>,
-    /// Its dial backoff, in monotonic time (saved in wall time).
-    backoff: Backoff,
-    /// When its dial in flight started (monotonic ms), if one is.
-    dialing: Option<u64>,
-    /// Its URL, kept after it stops being a live member, to try it again later (a
-    /// partition that outlived its lease must still heal).
-    url: Option<String>,
-    /// When we wrote it dead (monotonic ms): for `member_lease_ttl_ms` after, it is still
-    /// dialed like a member, under its backoff, so a live node behind a healed cut is
-    /// found again as fast as before deaths were written.
-    written_dead_at: Option<u64>,
-    /// Its name, as last known.
-    name: Option<String>,
-    /// The URL it advertised when it connected (for people; dials use `url`).
-    advertised: Option<String>,
-    /// When we sent it a digest it has not answered yet (single flight).
-    digest_sent_at: Option<u64>,
-    /// When a new connection to it sent our hashes and its own have not come yet: they
-    /// ask for its digest if they differ, so nothing else asks meanwhile (a repair round
-    /// in that millisecond sent a digest to a peer in step).
-    hashes_sent_at: Option<u64>,
-    /// Its acknowledgement was taken from its digest (see `adopt_base`), not from an ack:
-    /// until it acks, what it is sent is trimmed by that digest.
-    adopted: bool,
-    /// When it was last a live member or connected.
-    last_seen_ms: u64,
-    /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).
-    clock_refused: bool,
-    /// Its dial in flight is for an anti-entropy exchange.
-    sync_dial: bool,
-    /// When it was last sent an announcement alone (monotonic ms; see
-    /// `Config::announce_spacing_ms`).
-    announced_at: Option<u64>,
-    /// When its last failure was (a dial, a connection cut short, a link dead of silence;
-    /// monotonic ms), in this process; `None` once a connection to it lived long enough
-    /// to count as healthy. Free slots go to the peers that failed longest ago first.
-    failed_at: Option<u64>,
-}
-
-impl Peer {
-    /// Records a failure: its backoff grows, and it goes behind the peers that failed
-    /// longer ago. Returns the delay before it may be dialed again.
-    fn fail(&mut self, policy: &BackoffPolicy, failure: Failure, now_ms: u64, draw: u64) -> u64 {
-        self.failed_at = Some(now_ms);
-        self.backoff.fail(policy, failure, now_ms, draw)
-    }
-}
-
-/// A seed URL and how it is dialed.
-#[derive(Debug, Default)]
-struct Seed {
-    /// Its dial backoff, in monotonic time (saved in wall time).
-    backoff: Backoff,
-    /// When its dial in flight started (monotonic ms), if one is.
-    dialing: Option<u64>,
-    /// Its last dial was refused for clock skew: a clock set right by the restart that
-    /// follows must not wait out a backoff earned by the wrong one, so the next process
-    /// may dial it at once (`Node::memory`).
-    clock_refused: bool,
-}
 
 /// The protocol state machine of one roster node.
 #[derive(Debug)]
