@@ -59,6 +59,7 @@ pub use id::{
 };
 pub use meta::Metadata;
 pub use persist::{ChangedKeys, EntryLoader};
+pub use regstore::Registrations;
 pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Provenance, Replica};
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use status::{Health, Status, MAX_NOTE_LEN};

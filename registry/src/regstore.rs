@@ -72,6 +72,29 @@ impl<'a> IntoIterator for &'a RegStore {
     }
 }
 
+/// The registrations of a replica at one moment, kept as they were whatever the replica
+/// does next: a clone of the persistent map, so taking one costs `O(1)` and keeping it
+/// costs only what the replica changed since.
+#[derive(Clone, Default)]
+pub struct Registrations(RegMap);
+
+impl Registrations {
+    pub(crate) fn of(store: &RegStore) -> Self {
+        Self(store.map.clone())
+    }
+
+    /// The winning write under `key` (the greatest `(written, dot)`), live or not.
+    pub fn get(&self, key: &RegKey) -> Option<&Registration> {
+        self.0.get(key)?.winner(|r| r.written).map(|(_, r)| r)
+    }
+}
+
+impl std::fmt::Debug for Registrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Registrations({} keys)", self.0.size())
+    }
+}
+
 /// The nodes that wrote the dots of `f`, each once (dots sort by node first).
 fn writers(f: &DotFun<Registration>) -> impl Iterator<Item = ReplicaId> + '_ {
     let mut last = None;

@@ -190,6 +190,12 @@ impl Replica {
         &self.state
     }
 
+    /// The registrations as they are now, kept unchanged by what the replica does next
+    /// (`O(1)`; see [`Registrations`]).
+    pub fn registrations(&self) -> crate::regstore::Registrations {
+        crate::regstore::Registrations::of(&self.state.regs)
+    }
+
     /// The causal context: the digest peers compare against.
     pub fn context(&self) -> &CausalContext {
         self.state.context()

@@ -36,10 +36,9 @@ impl Node {
             Some((id, _)) if connected.contains(&id) => self.send_to_peer(id, hash, now),
             Some((id, Some(url))) if self.may_dial_for_sync(id, members.len(), now) => {
                 self.sync_dial_at = Some(now.mono_ms);
-                if let Some(p) = self.peers.get_mut(&id) {
-                    p.dialing = Some(now.mono_ms);
-                    p.sync_dial = true;
-                }
+                let p = self.peers.entry(id).or_default();
+                p.dialing = Some(now.mono_ms);
+                p.sync_dial = true;
                 self.counters.dials += 1;
                 self.counters.exchange_dials += 1;
                 self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
@@ -65,7 +64,7 @@ impl Node {
         let ready = self
             .peers
             .get(&id)
-            .is_some_and(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms));
+            .is_none_or(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms));
         self.cfg.dial
             && self.cfg.sync_dial_interval_ms > 0
             && !self.guarded

@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use rand::RngExt;
 use roster_registry::ReplicaId;
 
-use super::membership::live_members;
 use super::{Conn, ConnId, DialTarget, Node, NodeInfo, Now, Output, GUARDED_FAILURES, SEED_SETTLE_ROUNDS};
 use crate::backoff::Failure;
 use crate::message::{self, Message};
@@ -82,12 +81,8 @@ impl Node {
         members
             .iter()
             .map(|(_, url, _)| url.clone())
-            .chain(
-                self.peers
-                    .values()
-                    .flat_map(|p| [p.url.clone(), p.advertised.clone()])
-                    .flatten(),
-            )
+            .chain(self.contacts.lost.values().filter_map(|c| c.url.clone()))
+            .chain(self.peers.values().filter_map(|p| p.advertised.clone()))
             .collect()
     }
 
@@ -170,16 +165,16 @@ impl Node {
         // Not a seed that a dial of its node is already on the way to: alone after a cut,
         // a node dialed a lost peer and, in the same round, the seed at its address (two
         // connections to one peer; a Jepsen run).
-        let dialing: BTreeSet<&String> = self
+        let dialing: BTreeSet<String> = self
             .peers
-            .values()
-            .filter(|p| p.dialing.is_some())
-            .filter_map(|p| p.url.as_ref())
+            .iter()
+            .filter(|(_, p)| p.dialing.is_some())
+            .filter_map(|(id, _)| self.url_of(*id, now.wall_ms))
             .collect();
         let mut ready: Vec<String> = self
             .seeds
             .iter()
-            .filter(|(u, s)| s.dialing.is_none() && s.backoff.ready(now.mono_ms) && !dialing.contains(u))
+            .filter(|(u, s)| s.dialing.is_none() && s.backoff.ready(now.mono_ms) && !dialing.contains(*u))
             .map(|(u, _)| u.clone())
             .filter(|u| {
                 alone || !(self.seeds_reached.contains(u) || known_urls.contains(u) || *u == self.me.url)
@@ -204,22 +199,16 @@ impl Node {
             return;
         }
         self.refresh_contacts(now);
-        let mut live = BTreeSet::new();
-        for &id in self.live_others(now.wall_ms).iter() {
-            self.peers.entry(id).or_default().last_seen_ms = now.wall_ms;
-            live.insert(id);
-        }
+        let live: BTreeSet<ReplicaId> = self.live_others(now.wall_ms).iter().copied().collect();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
-        self.peers
-            .retain(|id, p| live.contains(id) || connected.contains(id) || p.last_seen_ms >= forget_before);
+        self.forget_lost(&live, &connected, now);
         let lost: Vec<(ReplicaId, String)> = self
             .lost_peers_of(&live, &connected)
             .into_iter()
             .filter(|(id, _)| {
                 self.peers
                     .get(id)
-                    .is_some_and(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms))
+                    .is_none_or(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms))
             })
             .filter(|(_, url)| self.seeds.get(url).is_none_or(|s| s.dialing.is_none()))
             .collect();
@@ -227,34 +216,25 @@ impl Node {
             return;
         }
         let (id, url) = lost[self.rng.random_range(0..lost.len())].clone();
-        if let Some(p) = self.peers.get_mut(&id) {
-            p.dialing = Some(now.mono_ms);
-        }
+        self.peers.entry(id).or_default().dialing = Some(now.mono_ms);
         self.counters.dials += 1;
         self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
     }
 
-    /// Copies each live member's URL and name into its peer record (kept to dial it again
-    /// once it is no longer a member), when the replica changed since the last copy, and
-    /// only what changed.
-    fn refresh_contacts(&mut self, now: Now) {
-        let version = self.replica.version();
-        if self.contacts_version == Some(version) {
-            return;
-        }
-        self.contacts_version = Some(version);
-        for m in live_members(&self.replica, now.wall_ms) {
-            let Some(url) = m.url.filter(|_| m.id != self.me.id && !m.unreachable) else {
-                continue;
-            };
-            let p = self.peers.entry(m.id).or_default();
-            if p.url.as_deref() != Some(url) {
-                p.url = Some(url.to_string());
-            }
-            if p.name.as_deref() != Some(m.name) {
-                p.name = Some(m.name.to_string());
-            }
-        }
+    /// Forgets the nodes that have been neither live members nor connected for
+    /// `forget_lost_after_ms`: their contacts, and their records unless they are members.
+    fn forget_lost(&mut self, live: &BTreeSet<ReplicaId>, connected: &BTreeSet<ReplicaId>, now: Now) {
+        let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
+        self.contacts
+            .lost
+            .retain(|id, c| connected.contains(id) || c.last_seen_ms >= forget_before);
+        let lost = &self.contacts.lost;
+        self.peers.retain(|id, p| {
+            live.contains(id)
+                || connected.contains(id)
+                || lost.contains_key(id)
+                || p.last_seen_ms >= forget_before
+        });
     }
 
     /// Peers that were members and are not now (not `members`, not `connected`), with the
@@ -273,10 +253,11 @@ impl Node {
         live: &BTreeSet<ReplicaId>,
         connected: &BTreeSet<ReplicaId>,
     ) -> Vec<(ReplicaId, String)> {
-        self.peers
+        self.contacts
+            .lost
             .iter()
             .filter(|(id, _)| !live.contains(id) && !connected.contains(id))
-            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .filter_map(|(id, c)| Some((*id, c.url.clone()?)))
             .filter(|(_, url)| *url != self.me.url)
             .collect()
     }
@@ -353,8 +334,10 @@ impl Node {
             if last {
                 // It may come back from an older disk: its next digest tells.
                 p.digest = None;
-                p.last_seen_ms = now.wall_ms;
             }
+        }
+        if last {
+            self.seen(c.peer, now);
         }
         if last {
             self.trees.forget_peer(c.peer);
@@ -472,8 +455,8 @@ impl Node {
         // that comes from its membership, and a seed's own backoff covers the rest.
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
-        p.last_seen_ms = now.wall_ms;
         p.hashes_sent_at = Some(now.mono_ms);
+        self.seen(peer.id, now);
         // Dialed for an exchange: the peer pushes nothing on it either.
         if sync {
             self.send(conn, Message::ExchangeOnly, now);

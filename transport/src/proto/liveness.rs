@@ -102,7 +102,7 @@ impl Node {
                 p.written_dead_at
                     .is_some_and(|t| now.mono_ms < t.saturating_add(window))
             })
-            .filter_map(|(id, p)| Some((*id, p.url.clone()?)))
+            .filter_map(|(id, _)| Some((*id, self.url_of(*id, now.wall_ms)?)))
             .collect()
     }
 
@@ -158,11 +158,14 @@ impl Node {
             // Others still reach it: only our link to it broke. Our dials go on.
             return;
         }
+        let name = self.member_contact(peer, now.wall_ms).map(|(_, n)| n);
         if let Some(applied) = self.replica.write_dead(peer, &s.lease, now.wall_ms) {
             self.counters.deaths_written += 1;
-            let p = self.peers.entry(peer).or_default();
-            p.written_dead_at = Some(now.mono_ms);
-            p.url = Some(s.url);
+            self.peers.entry(peer).or_default().written_dead_at = Some(now.mono_ms);
+            let c = self.contacts.lost.entry(peer).or_default();
+            c.url = Some(s.url);
+            c.name = name.or(c.name.take());
+            c.last_seen_ms = now.wall_ms;
             self.local_delta(applied.delta, applied.changes, now);
             self.test_zone_of(peer, now);
         }

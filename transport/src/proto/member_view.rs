@@ -44,7 +44,8 @@ struct Read {
     until_ms: u64,
     /// Every live member, this node included.
     all: Arc<[Member]>,
-    /// Those [`Node::members`] lists: not this node, not only unreachable, with a URL.
+    /// Those [`Node::members`] lists: not this node, not only unreachable, with a URL;
+    /// sorted by id.
     others: Arc<[ReplicaId]>,
 }
 
@@ -98,17 +99,19 @@ impl Node {
                 dialable: m.url.is_some(),
             })
             .collect();
-        let others = all
+        let mut others: Vec<ReplicaId> = all
             .iter()
             .filter(|m| m.id != self.me.id && !m.unreachable && m.dialable)
             .map(|m| m.id)
             .collect();
+        // Read in provider order, which is id order for every id written as a member's.
+        others.sort_unstable();
         Read {
             version,
             from_ms: now_ms,
             until_ms,
             all,
-            others,
+            others: others.into(),
         }
     }
 }

@@ -27,6 +27,7 @@ use roster_registry::{
     Bounds, CausalContext, Dot, Hlc, HlcClock, InvalidInput, ProviderId, Replica, ReplicaId, ServiceName,
 };
 
+use crate::backoff::Backoff;
 use crate::buffer::DeltaBuffer;
 use crate::message::Message;
 
@@ -39,6 +40,8 @@ mod bulk;
 mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
+/// Where other nodes are dialed: live members at their membership, lost ones by contact.
+mod contacts;
 /// Damping per failure domain: a zone cut off is shown unreachable, not written off.
 mod damping;
 mod dispatch;
@@ -174,8 +177,8 @@ pub struct Node {
     state_hash: Option<(u64, [u8; 16])>,
     /// The live members, as last read (see `member_view`).
     member_view: member_view::MemberView,
-    /// The replica version whose members' URLs and names the peer records hold.
-    contacts_version: Option<u64>,
+    /// The contacts of nodes lost lately (see `contacts`).
+    contacts: contacts::Contacts,
 }
 
 impl Node {
@@ -272,7 +275,7 @@ impl Node {
             base_valid: true,
             state_hash: None,
             member_view: member_view::MemberView::default(),
-            contacts_version: None,
+            contacts: contacts::Contacts::default(),
             time,
         };
         node.start_ctx = node.replica.context().clone();
@@ -292,13 +295,19 @@ impl Node {
             if m.id == self.me.id {
                 continue;
             }
-            let p = self.peers.entry(m.id).or_default();
-            p.url = m.url.clone();
-            p.name = m.name.clone();
-            // Saved in wall time; kept in monotonic time.
-            p.backoff = time.backoff_to_mono(m.backoff);
-            p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
-            p.last_seen_ms = now.wall_ms;
+            // A live member's contact goes at the first look at the members.
+            let contact = contacts::Contact {
+                url: m.url.clone(),
+                name: m.name.clone(),
+                last_seen_ms: now.wall_ms,
+            };
+            self.contacts.lost.insert(m.id, contact);
+            if m.backoff != Backoff::default() || m.full_sent_at.is_some() {
+                let p = self.peers.entry(m.id).or_default();
+                // Saved in wall time; kept in monotonic time.
+                p.backoff = time.backoff_to_mono(m.backoff);
+                p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
+            }
         }
         for (url, b) in &resume.seeds {
             if let Some(s) = self.seeds.get_mut(url) {

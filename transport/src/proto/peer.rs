@@ -18,7 +18,9 @@ pub(super) struct Conn {
     pub(super) sync: bool,
 }
 
-/// What we know of another node.
+/// What we know of another node we dealt with: a connection, a dial, a failure, an
+/// acknowledgement, a digest. A live member we never dealt with has none: where it is
+/// dialed is its membership registration's (see `contacts`).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Peer {
     /// The last of our buffer's numbers it acknowledged.
@@ -44,16 +46,13 @@ pub(super) struct Peer {
     pub(super) backoff: Backoff,
     /// When its dial in flight started (monotonic ms), if one is.
     pub(super) dialing: Option<u64>,
-    /// Its URL, kept after it stops being a live member, to try it again later (a
-    /// partition that outlived its lease must still heal).
-    pub(super) url: Option<String>,
     /// When we wrote it dead (monotonic ms): for `member_lease_ttl_ms` after, it is still
     /// dialed like a member, under its backoff, so a live node behind a healed cut is
     /// found again as fast as before deaths were written.
     pub(super) written_dead_at: Option<u64>,
-    /// Its name, as last known.
+    /// The name it gave when it last connected.
     pub(super) name: Option<String>,
-    /// The URL it advertised when it connected (for people; dials use `url`).
+    /// The URL it advertised when it connected (for people; dials use its membership's).
     pub(super) advertised: Option<String>,
     /// When we sent it a digest it has not answered yet (single flight).
     pub(super) digest_sent_at: Option<u64>,
@@ -64,7 +63,7 @@ pub(super) struct Peer {
     /// Its acknowledgement was taken from its digest (see `adopt_base`), not from an ack:
     /// until it acks, what it is sent is trimmed by that digest.
     pub(super) adopted: bool,
-    /// When it was last a live member or connected.
+    /// When it was last connected.
     pub(super) last_seen_ms: u64,
     /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).
     pub(super) clock_refused: bool,

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeSet;
 
-use roster_registry::{validate_metadata, InvalidInput, ProviderId, RegKey, Replica, ReplicaId, ServiceName};
+use roster_registry::{validate_metadata, InvalidInput, ProviderId, RegKey, Replica, ServiceName};
 
 use crate::backoff::Backoff;
 
 use super::{
-    member_provider, members_service, Config, KnownPeer, Memory, Node, NodeInfo, Now, OwnedRegistration,
-    PeerMemory, Resume, Resumed,
+    member_provider, members_service, Config, Memory, Node, NodeInfo, Now, OwnedRegistration, PeerMemory,
+    Resume, Resumed,
 };
 
 /// The most own registrations a resuming node writes again in one delta (well within
@@ -130,16 +130,30 @@ impl Node {
 
     /// What this process knows of its peers and seeds, to save for the next one.
     pub fn memory(&self) -> Memory {
+        let now_ms = self.time.wall_ms();
         let peers = self
-            .peers
-            .iter()
-            .map(|(id, p)| PeerMemory {
-                id: *id,
-                url: p.url.clone(),
-                name: p.name.clone(),
-                // Kept in monotonic time; saved in wall time, by the last input's offset.
-                backoff: self.saved_backoff(p.backoff, p.clock_refused),
-                full_sent_at: p.full_sent_at.map(|t| self.time.wall_of(t)),
+            .known_ids(now_ms)
+            .into_iter()
+            .map(|id| {
+                let live = self.member_contact(id, now_ms);
+                let lost = self.contacts.lost.get(&id);
+                let p = self.peers.get(&id);
+                PeerMemory {
+                    id,
+                    url: live
+                        .as_ref()
+                        .map(|(u, _)| u.clone())
+                        .or_else(|| lost?.url.clone()),
+                    name: live
+                        .map(|(_, n)| n)
+                        .or_else(|| lost?.name.clone())
+                        .or_else(|| p?.name.clone()),
+                    // Kept in monotonic time; saved in wall time, by the last input's offset.
+                    backoff: p.map_or_else(Backoff::default, |p| {
+                        self.saved_backoff(p.backoff, p.clock_refused)
+                    }),
+                    full_sent_at: p.and_then(|p| p.full_sent_at).map(|t| self.time.wall_of(t)),
+                }
             })
             .collect();
         let seeds = self
@@ -169,21 +183,5 @@ impl Node {
         } else {
             self.time.backoff_to_wall(b)
         }
-    }
-
-    /// Every other node this node knows of: live members, connected peers, and peers it
-    /// lost lately.
-    pub fn known_peers(&self) -> Vec<KnownPeer> {
-        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        self.peers
-            .iter()
-            .map(|(id, p)| KnownPeer {
-                id: *id,
-                url: p.url.clone().or_else(|| p.advertised.clone()),
-                name: p.name.clone(),
-                last_seen_ms: p.last_seen_ms,
-                connected: connected.contains(id),
-            })
-            .collect()
     }
 }

@@ -60,6 +60,11 @@ impl WallGuard {
         self.last
     }
 
+    /// The wall time of the last input.
+    pub(super) fn wall_ms(&self) -> u64 {
+        self.last.wall_ms
+    }
+
     /// A monotonic time as a wall time, by the last input's offset (for what outlives the
     /// process: backoffs and times saved to disk).
     pub(super) fn wall_of(&self, mono_ms: u64) -> u64 {

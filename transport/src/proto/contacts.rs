@@ -1,0 +1,274 @@
+//! Where other nodes are reached. A live member is dialed at the URL of its membership
+//! registration, read from the replica when it is dialed: nothing is copied. A node that
+//! stops being a live member (its lease ended, it was written dead, its zone is only shown
+//! unreachable) keeps a contact, its URL and name taken from the registrations as they
+//! were before it went, so that it is dialed again should it come back: a partition that
+//! outlived the leases must still heal.
+//!
+//! Until issue 29 every live member had a peer record holding a copy of its URL and name,
+//! about 390 bytes a member at 10,000 members. A contact is kept for the nodes lost lately
+//! only, and the registrations it is taken from are a persistent snapshot (`O(1)` to take;
+//! it holds only what the replica changed since).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use roster_registry::{RegKey, Registrations, ReplicaId};
+
+use super::membership::{member_provider, members_service};
+use super::{KnownPeer, Node, Now};
+
+/// Where a node that is not a live member now was last reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Contact {
+    /// The URL of its last membership (or the one it was written dead at).
+    pub(super) url: Option<String>,
+    /// Its name, as its membership gave it.
+    pub(super) name: Option<String>,
+    /// When it was last a live member or connected (wall ms).
+    pub(super) last_seen_ms: u64,
+}
+
+/// The contacts of lost nodes, and the live members they were taken from.
+#[derive(Debug, Default)]
+pub(super) struct Contacts {
+    /// Nodes that were members or peers and are not live members now.
+    pub(super) lost: BTreeMap<ReplicaId, Contact>,
+    /// The live members (as [`Node::live_others`] lists them) and the registrations at
+    /// the last look: a member gone since is found there.
+    last: Option<(Arc<[ReplicaId]>, Registrations)>,
+}
+
+impl Node {
+    /// Takes a contact for each member that stopped being a live member since the last
+    /// look, and drops those of nodes live again. Does nothing while the live members are
+    /// the ones last looked at.
+    pub(super) fn refresh_contacts(&mut self, now: Now) {
+        let live = self.live_others(now.wall_ms);
+        if let Some((before, regs)) = &self.contacts.last {
+            if Arc::ptr_eq(before, &live) {
+                return;
+            }
+            let gone: Vec<(ReplicaId, Contact)> = before
+                .iter()
+                .filter(|id| live.binary_search(id).is_err())
+                .filter_map(|&id| Some((id, contact_in(regs, id, now.wall_ms)?)))
+                .collect();
+            for (id, c) in gone {
+                self.contacts.lost.insert(id, c);
+            }
+        }
+        for id in live.iter() {
+            self.contacts.lost.remove(id);
+        }
+        self.contacts.last = Some((live, self.replica.registrations()));
+    }
+
+    /// The URL `id` is dialed at: its membership's while it is a live member, else its
+    /// contact's.
+    pub(super) fn url_of(&self, id: ReplicaId, now_ms: u64) -> Option<String> {
+        self.member_contact(id, now_ms)
+            .map(|(url, _)| url)
+            .or_else(|| self.contacts.lost.get(&id)?.url.clone())
+    }
+
+    /// Notes that `id` was heard from (connected, or its last connection closed).
+    pub(super) fn seen(&mut self, id: ReplicaId, now: Now) {
+        self.peers.entry(id).or_default().last_seen_ms = now.wall_ms;
+        if let Some(c) = self.contacts.lost.get_mut(&id) {
+            c.last_seen_ms = now.wall_ms;
+        }
+    }
+
+    /// Every other node this node knows of: live members, connected peers, and peers it
+    /// lost lately.
+    pub fn known_peers(&self) -> Vec<KnownPeer> {
+        let now_ms = self.time.wall_ms();
+        let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
+        self.known_ids(now_ms)
+            .into_iter()
+            .map(|id| {
+                let live = self.member_contact(id, now_ms);
+                let lost = self.contacts.lost.get(&id);
+                let peer = self.peers.get(&id);
+                KnownPeer {
+                    id,
+                    url: live.as_ref().map(|(u, _)| u.clone()).or_else(|| {
+                        lost.and_then(|c| c.url.clone())
+                            .or_else(|| peer.and_then(|p| p.advertised.clone()))
+                    }),
+                    name: live.map(|(_, n)| n).or_else(|| {
+                        lost.and_then(|c| c.name.clone())
+                            .or_else(|| peer.and_then(|p| p.name.clone()))
+                    }),
+                    last_seen_ms: match self.is_live_other(id, now_ms) {
+                        true => now_ms,
+                        false => lost
+                            .map_or(0, |c| c.last_seen_ms)
+                            .max(peer.map_or(0, |p| p.last_seen_ms)),
+                    },
+                    connected: connected.contains(&id),
+                }
+            })
+            .collect()
+    }
+
+    /// The ids of every other node this node knows of, sorted.
+    pub(super) fn known_ids(&self, now_ms: u64) -> BTreeSet<ReplicaId> {
+        self.live_others(now_ms)
+            .iter()
+            .chain(self.contacts.lost.keys())
+            .chain(self.peers.keys())
+            .copied()
+            .filter(|id| *id != self.me.id)
+            .collect()
+    }
+
+    fn is_live_other(&self, id: ReplicaId, now_ms: u64) -> bool {
+        self.live_others(now_ms).binary_search(&id).is_ok()
+    }
+}
+
+/// The contact of member `id` in `regs`, if its membership is there.
+fn contact_in(regs: &Registrations, id: ReplicaId, now_ms: u64) -> Option<Contact> {
+    let key = RegKey {
+        service: members_service(),
+        provider: member_provider(id),
+    };
+    let r = regs.get(&key)?;
+    Some(Contact {
+        url: r.meta.get("url").map(str::to_string),
+        name: r.meta.get("name").map(str::to_string),
+        last_seen_ms: now_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::SmallRng;
+    use rand::{RngExt, SeedableRng};
+    use roster_registry::{Endpoint, Hlc, Metadata, Replica, State};
+
+    use super::super::membership::live_members;
+    use super::super::{Config, DialTarget, NodeInfo, Output};
+    use super::*;
+
+    fn info(i: u64) -> NodeInfo {
+        NodeInfo {
+            id: ReplicaId(i),
+            name: format!("n{i}"),
+            url: format!("ws://127.0.0.{i}:7420"),
+            zone: Default::default(),
+        }
+    }
+
+    /// A membership written by node `i` at `at`, listening on `port`, with a lease of `ttl`.
+    fn membership(i: u64, port: u16, at: u64, ttl: u64) -> State {
+        let mut r = Replica::new(ReplicaId(i));
+        let url = format!("ws://127.0.0.{i}:{port}");
+        let meta: Metadata = [("url", url.as_str()), ("name", &format!("n{i}"))].into();
+        let ep = Endpoint::parse(&format!("127.0.0.{i}:{port}")).unwrap();
+        let at = Hlc::new(at, port % 1000);
+        r.register(
+            members_service(),
+            member_provider(ReplicaId(i)),
+            ep,
+            meta,
+            ttl,
+            at,
+        )
+        .unwrap()
+        .delta
+    }
+
+    fn node(now: u64) -> Node {
+        Node::new(
+            info(1),
+            Replica::new(ReplicaId(1)),
+            vec![],
+            Config::default(),
+            1,
+            now,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_member_whose_lease_ended_is_dialed_again_at_the_url_of_its_last_membership() {
+        let mut now = 1_000_000;
+        let mut n = node(now);
+        n.replica.apply(membership(2, 7421, now, 10_000), now);
+        // Long past its lease, and past the sweep that collects it: only the contact is left.
+        let mut dialed = None;
+        while now < 1_000_000 + 120_000 && dialed.is_none() {
+            now = n.poll_timeout().max(now + 1);
+            n.handle_timeout(now);
+            while let Some(o) = n.poll_output() {
+                if let Output::Dial(DialTarget::Peer { id, url }) = o {
+                    dialed = Some((id, url, now));
+                }
+            }
+        }
+        let (id, url, at) = dialed.expect("member 2 was dialed");
+        assert_eq!((id, url.as_str()), (ReplicaId(2), "ws://127.0.0.2:7421"));
+        if at > 1_010_000 {
+            assert!(n.live_others(at).is_empty(), "dialed as a lost peer");
+        }
+        let now = n.poll_timeout().max(1_000_000 + 130_000);
+        n.handle_timeout(now);
+        let known = n.known_peers();
+        assert_eq!(known.len(), 1, "{known:?}");
+        assert_eq!(known[0].url.as_deref(), Some("ws://127.0.0.2:7421"));
+        assert_eq!(known[0].name.as_deref(), Some("n2"));
+        let saved = n.memory().peers;
+        assert_eq!(saved[0].url.as_deref(), Some("ws://127.0.0.2:7421"));
+    }
+
+    #[test]
+    fn every_node_that_was_a_live_member_is_dialed_at_its_last_url_until_it_is_live_again() {
+        // Seeds fixed here (the protocol's modules take no randomness from outside).
+        for seed in 0..100u64 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut now = 1_000_000;
+            let mut n = node(now);
+            // What each member's URL was at the last look at which it was live.
+            let mut model: BTreeMap<ReplicaId, String> = BTreeMap::new();
+            for _ in 0..80 {
+                let other = rng.random_range(2..8u64);
+                match rng.random_range(0..5) {
+                    0 | 1 => {
+                        let port = rng.random_range(7000..7004);
+                        let ttl = rng.random_range(5_000..60_000);
+                        n.replica.apply(membership(other, port, now, ttl), now);
+                    }
+                    2 => {
+                        let until = now + rng.random_range(0..30_000);
+                        n.replica.set_unreachable([(ReplicaId(other), now, until)], now);
+                    }
+                    _ => now += rng.random_range(0..20_000),
+                }
+                let _ = n.replica.expire(now, 1_000);
+                n.refresh_contacts(Now::at(now));
+                let live: Vec<ReplicaId> = n.live_others(now).to_vec();
+                for m in live_members(&n.replica, now)
+                    .iter()
+                    .filter(|m| live.contains(&m.id))
+                {
+                    model.insert(m.id, m.url.unwrap().to_string());
+                }
+                for (id, url) in &model {
+                    let expected = match live.contains(id) {
+                        true => n.member_contact(*id, now).map(|(u, _)| u),
+                        false => Some(url.clone()),
+                    };
+                    assert_eq!(n.url_of(*id, now), expected, "seed {seed}, node {id:?} at {now}");
+                    assert_eq!(
+                        n.contacts.lost.contains_key(id),
+                        !live.contains(id),
+                        "seed {seed}, node {id:?} at {now}"
+                    );
+                }
+            }
+        }
+    }
+}
