@@ -358,8 +358,12 @@ impl Node {
             self.counters.deltas_applied += 1;
             if report.left_out > 0 {
                 // Dots a full state taught without their writes are not forwarded (they
-                // name no key): the buffer no longer holds all this process learnt.
+                // name no key): the buffer no longer holds all this process learnt, and
+                // the other connected peers are asked what they lack, as after any
+                // full sync (left to the exchange rounds, a peer lacked such a dot for
+                // minutes: seed 1796004742916956014).
                 self.base_valid = false;
+                self.ask_linked_peers(Some(from), now);
             }
             match learnt {
                 // Forward only what it taught us, never the rest of what it carried.
@@ -386,8 +390,13 @@ impl Node {
         for p in self.peers.values_mut() {
             p.acked = None;
         }
+        self.ask_linked_peers(None, now);
+    }
+
+    /// Sends each connected peer but `except` our digest: each answers with what it lacks.
+    fn ask_linked_peers(&mut self, except: Option<ReplicaId>, now: Now) {
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
-        for peer in connected {
+        for peer in connected.into_iter().filter(|p| Some(*p) != except) {
             self.send_digest(peer, now);
         }
     }
