@@ -198,8 +198,8 @@ impl Node {
         if !self.cfg.dial || self.stopping {
             return;
         }
-        self.refresh_contacts(now);
         let live: BTreeSet<ReplicaId> = self.live_others(now.wall_ms).iter().copied().collect();
+        self.refresh_contacts();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         self.forget_lost(&live, &connected, now);
         let lost: Vec<(ReplicaId, String)> = self

@@ -106,11 +106,14 @@ pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
 impl Node {
     /// The live members other than this node, by id, with their URL and name: not those
     /// only shown as unreachable (they are dialed as lost peers, so a healed cut is found).
+    /// Read through the member view, so each read also notes who left (see `contacts`).
     pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
-        live_members(&self.replica, now_ms)
-            .into_iter()
-            .filter(|m| m.id != self.me.id && !m.unreachable)
-            .filter_map(|m| Some((m.id, m.url?.to_string(), m.name.to_string())))
+        self.live_others(now_ms)
+            .iter()
+            .filter_map(|&id| {
+                let (url, name) = self.member_contact(id, now_ms)?;
+                Some((id, url, name))
+            })
             .collect()
     }
 }

@@ -96,9 +96,8 @@ impl Node {
         if self.gossip_at <= mono {
             self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
             self.gossip(now);
-            // Before the sweep, and each round: a member live only between two reconnect
-            // rounds is still dialed again should it come back.
-            self.refresh_contacts(now);
+            // What the member view found since (nothing is read for it).
+            self.refresh_contacts();
             self.report_lapsed(now);
             self.tend_damping(now);
             self.expire(now);
