@@ -1,6 +1,6 @@
 //! Connections: dialing members and seeds, healing partitions, rotating, accepting, closing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rand::RngExt;
 use roster_registry::ReplicaId;
@@ -100,7 +100,7 @@ impl Node {
         // them; left to `reconnect_lost` (one dial per 30 s), a side whose links all
         // crossed the cut stayed without a link that long.
         let lost = if connected.is_empty() {
-            self.lost_peers(&members, connected)
+            self.lost_peers(&members, connected, now.wall_ms)
         } else {
             Vec::new()
         };
@@ -199,11 +199,10 @@ impl Node {
             return;
         }
         let live: BTreeSet<ReplicaId> = self.live_others(now.wall_ms).iter().copied().collect();
-        self.refresh_contacts();
         let connected: BTreeSet<ReplicaId> = self.conns.values().map(|c| c.peer).collect();
         self.forget_lost(&live, &connected, now);
         let lost: Vec<(ReplicaId, String)> = self
-            .lost_peers_of(&live, &connected)
+            .lost_peers_of(&live, &connected, now.wall_ms)
             .into_iter()
             .filter(|(id, _)| {
                 self.peers
@@ -225,9 +224,10 @@ impl Node {
     /// `forget_lost_after_ms`: their contacts, and their records unless they are members.
     fn forget_lost(&mut self, live: &BTreeSet<ReplicaId>, connected: &BTreeSet<ReplicaId>, now: Now) {
         let forget_before = now.wall_ms.saturating_sub(self.cfg.forget_lost_after_ms);
-        self.contacts
-            .lost
-            .retain(|id, c| connected.contains(id) || c.last_seen_ms >= forget_before);
+        // A live member's contact is its membership.
+        self.contacts.lost.retain(|id, c| {
+            !live.contains(id) && (connected.contains(id) || c.last_seen_ms >= forget_before)
+        });
         let lost = &self.contacts.lost;
         self.peers.retain(|id, p| {
             live.contains(id)
@@ -243,21 +243,35 @@ impl Node {
         &self,
         members: &[(ReplicaId, String, String)],
         connected: &BTreeSet<ReplicaId>,
+        now_ms: u64,
     ) -> Vec<(ReplicaId, String)> {
         let live: BTreeSet<ReplicaId> = members.iter().map(|(id, _, _)| *id).collect();
-        self.lost_peers_of(&live, connected)
+        self.lost_peers_of(&live, connected, now_ms)
     }
 
-    fn lost_peers_of(
+    /// The nodes lost lately (by their contacts) and the members only shown as unreachable
+    /// (at their membership's URL), neither `live` nor `connected`, other than our own
+    /// address; by id, each once.
+    pub(super) fn lost_peers_of(
         &self,
         live: &BTreeSet<ReplicaId>,
         connected: &BTreeSet<ReplicaId>,
+        now_ms: u64,
     ) -> Vec<(ReplicaId, String)> {
-        self.contacts
+        let lost = self
+            .contacts
             .lost
             .iter()
+            .filter_map(|(id, c)| Some((*id, c.url.clone()?)));
+        let unreachable = self
+            .live_all(now_ms)
+            .iter()
+            .filter(|m| m.unreachable && m.id != self.me.id)
+            .filter_map(|m| Some((m.id, self.member_contact(m.id, now_ms)?.0)))
+            .collect::<Vec<_>>();
+        let all: BTreeMap<ReplicaId, String> = lost.chain(unreachable).collect();
+        all.into_iter()
             .filter(|(id, _)| !live.contains(id) && !connected.contains(id))
-            .filter_map(|(id, c)| Some((*id, c.url.clone()?)))
             .filter(|(_, url)| *url != self.me.url)
             .collect()
     }

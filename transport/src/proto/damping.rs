@@ -103,6 +103,12 @@ impl Node {
             .filter(|(_, l)| self.damping.damped.contains_key(&l.zone))
             .map(|(id, l)| (*id, l.at_ms, l.at_ms.saturating_add(bound)))
             .collect();
+        self.show_unreachable(shown, now);
+    }
+
+    /// Shows `shown` as unreachable (see [`roster_registry::Replica::set_unreachable`]) and
+    /// tells what changed.
+    pub(super) fn show_unreachable(&mut self, shown: Vec<(ReplicaId, u64, u64)>, now: Now) {
         let changes = self.replica.set_unreachable(shown, now.wall_ms);
         self.emit_changes(changes, now);
     }

@@ -29,9 +29,11 @@ impl Node {
             return ForcedDeath::Answers;
         }
         let seen = self.replica.lease_dots(peer);
+        let before = self.replica.registrations();
         let Some(applied) = self.replica.write_dead(peer, &seen, now.wall_ms) else {
             return ForcedDeath::Unknown;
         };
+        self.note_departures(&before, &applied.changes, now);
         self.counters.deaths_written += 1;
         let p = self.peers.entry(peer).or_default();
         p.written_dead_at = Some(now.mono_ms);
@@ -55,12 +57,14 @@ impl Node {
             return self.deregister(service, provider, now);
         }
         let now = self.time.input(now.into());
+        let before = self.replica.registrations();
         let Some(applied) = self
             .replica
             .deregister(service.clone(), provider.clone(), now.wall_ms)
         else {
             return false;
         };
+        self.note_departures(&before, &applied.changes, now);
         self.counters.operator_removals += 1;
         self.local_delta(applied.delta, applied.changes, now);
         true

@@ -158,13 +158,14 @@ impl Node {
             // Others still reach it: only our link to it broke. Our dials go on.
             return;
         }
-        let name = self.member_contact(peer, now.wall_ms).map(|(_, n)| n);
+        let before = self.replica.registrations();
         if let Some(applied) = self.replica.write_dead(peer, &s.lease, now.wall_ms) {
             self.counters.deaths_written += 1;
             self.peers.entry(peer).or_default().written_dead_at = Some(now.mono_ms);
+            self.note_departures(&before, &applied.changes, now);
+            // Dialed again where it was last reached, whatever its membership said.
             let c = self.contacts.lost.entry(peer).or_default();
             c.url = Some(s.url);
-            c.name = name.or(c.name.take());
             c.last_seen_ms = now.wall_ms;
             self.local_delta(applied.delta, applied.changes, now);
             self.test_zone_of(peer, now);

@@ -12,9 +12,8 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use roster_registry::{RegKey, Registrations, ReplicaId};
+use roster_registry::{RegKey, ReplicaId};
 
-use super::contacts::{contact_in, Contact};
 use super::membership::{live_members, member_provider, members_service, LiveMember};
 use super::Node;
 
@@ -36,24 +35,7 @@ pub(super) struct Member {
 /// [`roster_registry::Replica::version`] counts, the nodes it shows unreachable included)
 /// or an end of a lease changes who is live. A clock that went back reads again.
 #[derive(Debug, Default)]
-pub(super) struct MemberView(RefCell<View>);
-
-#[derive(Debug, Default)]
-struct View {
-    read: Option<Read>,
-    /// Who left the listed members and who joined them, in order, since last taken
-    /// (see [`Node::take_turnover`]).
-    turnover: Vec<Turn>,
-}
-
-/// A change of the members [`Node::live_others`] lists, found when the view is read again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Turn {
-    /// It is no longer listed: where it was, as the registrations of the last read had it.
-    Gone(ReplicaId, Contact),
-    /// It is listed (again).
-    Listed(ReplicaId),
-}
+pub(super) struct MemberView(RefCell<Option<Read>>);
 
 #[derive(Debug)]
 struct Read {
@@ -65,8 +47,6 @@ struct Read {
     /// Those [`Node::members`] lists: not this node, not only unreachable, with a URL;
     /// sorted by id.
     others: Arc<[ReplicaId]>,
-    /// The registrations read (a persistent snapshot: it costs what changed since).
-    regs: Registrations,
 }
 
 impl Node {
@@ -92,22 +72,14 @@ impl Node {
         Some((m.url?.to_string(), m.name.to_string()))
     }
 
-    /// Who left and joined the listed members since last taken, in order.
-    pub(super) fn take_turnover(&self) -> Vec<Turn> {
-        std::mem::take(&mut self.member_view.0.borrow_mut().turnover)
-    }
-
     fn read_members<T>(&self, now_ms: u64, f: impl FnOnce(&Read) -> T) -> T {
         let version = self.replica.version();
         let mut view = self.member_view.0.borrow_mut();
         let fresh = |r: &Read| r.version == version && r.from_ms <= now_ms && now_ms < r.until_ms;
-        if !view.read.as_ref().is_some_and(fresh) {
-            let read = self.read_from_replica(version, now_ms);
-            let turns = turnover(view.read.as_ref(), &read, now_ms);
-            view.turnover.extend(turns);
-            view.read = Some(read);
+        if !view.as_ref().is_some_and(fresh) {
+            *view = Some(self.read_from_replica(version, now_ms));
         }
-        f(view.read.as_ref().expect("just read"))
+        f(view.as_ref().expect("just read"))
     }
 
     fn read_from_replica(&self, version: u64, now_ms: u64) -> Read {
@@ -140,25 +112,8 @@ impl Node {
             until_ms,
             all,
             others: others.into(),
-            regs: self.replica.registrations(),
         }
     }
-}
-
-/// The members `before` listed and `after` does not (with their contact in `before`'s
-/// registrations), and those `after` lists and `before` did not (all of them after none).
-fn turnover(before: Option<&Read>, after: &Read, now_ms: u64) -> Vec<Turn> {
-    let old: &[ReplicaId] = before.map_or(&[], |r| &r.others);
-    let gone = old
-        .iter()
-        .filter(|id| after.others.binary_search(id).is_err())
-        .filter_map(|&id| Some(Turn::Gone(id, contact_in(&before?.regs, id, now_ms)?)));
-    let listed = after
-        .others
-        .iter()
-        .filter(|id| old.binary_search(id).is_err())
-        .map(|&id| Turn::Listed(id));
-    gone.chain(listed).collect()
 }
 
 #[cfg(test)]

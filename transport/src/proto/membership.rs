@@ -17,6 +17,12 @@ pub(super) fn member_provider(id: ReplicaId) -> ProviderId {
     ProviderId::new(&format!("node-{id}")).expect("a hex replica id is a valid provider id")
 }
 
+/// The member an instance id of [`MEMBERS_SERVICE`] stands for, if it is a member's.
+pub(super) fn member_id(provider: &ProviderId) -> Option<ReplicaId> {
+    let hex = provider.as_str().strip_prefix("node-")?;
+    u64::from_str_radix(hex, 16).ok().map(ReplicaId)
+}
+
 /// [`MEMBERS_SERVICE`] as a service name.
 pub(super) fn members_service() -> ServiceName {
     MEMBERS.clone()
@@ -56,14 +62,10 @@ impl<'a> LiveMember<'a> {
     /// The member an instance of [`MEMBERS_SERVICE`] stands for; `None` when its instance id
     /// is not a member's.
     pub fn of(i: &InstanceRef<'a>) -> Option<Self> {
-        let id = i
-            .provider
-            .as_str()
-            .strip_prefix("node-")
-            .and_then(|h| u64::from_str_radix(h, 16).ok())?;
+        let id = member_id(i.provider)?;
         let meta = &i.registration.meta;
         Some(Self {
-            id: ReplicaId(id),
+            id,
             url: meta.get("url"),
             name: meta.get("name").unwrap_or_default(),
             zone: Zone::name_of(meta.get("zone")),
@@ -106,15 +108,19 @@ pub fn url_endpoint(url: &str) -> Result<Endpoint, InvalidInput> {
 impl Node {
     /// The live members other than this node, by id, with their URL and name: not those
     /// only shown as unreachable (they are dialed as lost peers, so a healed cut is found).
-    /// Read through the member view, so each read also notes who left (see `contacts`).
     pub fn members(&self, now_ms: u64) -> Vec<(ReplicaId, String, String)> {
-        self.live_others(now_ms)
-            .iter()
-            .filter_map(|&id| {
-                let (url, name) = self.member_contact(id, now_ms)?;
-                Some((id, url, name))
-            })
+        live_members(&self.replica, now_ms)
+            .into_iter()
+            .filter(|m| m.id != self.me.id && !m.unreachable)
+            .filter_map(|m| Some((m.id, m.url?.to_string(), m.name.to_string())))
             .collect()
+    }
+
+    /// How many members [`Node::members`] lists, from the member view (the same members:
+    /// not this node, not only unreachable, with a URL): nothing is read or copied while
+    /// the replica and the leases stay as they were.
+    pub fn member_count(&self, now_ms: u64) -> usize {
+        self.live_others(now_ms).len()
     }
 }
 

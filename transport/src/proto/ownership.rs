@@ -81,6 +81,10 @@ impl Node {
     }
 
     pub(super) fn emit_changes(&mut self, changes: Vec<Change>, now: Now) {
+        // Members that went while still in the replica (a lease that lapsed, a zone no
+        // longer shown unreachable); changes that removed them noted theirs before.
+        let regs = self.replica.registrations();
+        self.note_departures(&regs, &changes, now);
         let mut lost = Vec::new();
         let mut refute = false;
         for c in changes {

@@ -351,9 +351,11 @@ impl Node {
     /// [`Node::apply`] of a delta carrying the named changes (those new to us): what it
     /// taught is buffered under their names, to travel on on their trees.
     pub(super) fn apply_tagged(&mut self, from: ReplicaId, delta: State, tags: Vec<Tagged>, now: Now) {
+        let before = self.replica.registrations();
         let (report, changes, learnt) = self
             .replica
             .apply_collecting(delta, now.wall_ms, MAX_FORWARD_DOTS);
+        self.note_departures(&before, &changes, now);
         if report.changed() {
             self.counters.deltas_applied += 1;
             if report.left_out > 0 {

@@ -96,8 +96,6 @@ impl Node {
         if self.gossip_at <= mono {
             self.gossip_at = mono + self.jitter(self.cfg.gossip_interval_ms);
             self.gossip(now);
-            // What the member view found since (nothing is read for it).
-            self.refresh_contacts();
             self.report_lapsed(now);
             self.tend_damping(now);
             self.expire(now);
@@ -143,10 +141,12 @@ impl Node {
             return;
         }
         let hold = self.held_from_sweep(now);
+        let before = self.replica.registrations();
         if let Some(applied) = self
             .replica
             .expire_holding(now.wall_ms, self.cfg.expire_grace_ms, &hold)
         {
+            self.note_departures(&before, &applied.changes, now);
             self.local_delta(applied.delta, applied.changes, now);
         }
     }
