@@ -139,7 +139,7 @@ fn settled(n: usize, cfg: Config, seed: u64, t0: std::time::Instant) -> Sim {
 fn members_everywhere(sim: &Sim, others: usize) -> bool {
     sim.running()
         .into_iter()
-        .all(|i| sim.node(i).unwrap().members(sim.now_ms()).len() == others)
+        .all(|i| sim.node(i).unwrap().member_count(sim.now_ms()) == others)
 }
 
 /// A new node (the held-back machine, its disk empty) starts: how long until it lists
