@@ -171,12 +171,35 @@ impl RegStore {
         Some(r)
     }
 
+    /// Stores `f` under `k`. The key kept shares its strings with the store: the key
+    /// already there, or the service name of a neighbour (every key of a service holds
+    /// one copy of its name, not one each: a member's registration is about 40 bytes
+    /// smaller).
     pub(crate) fn insert(&mut self, k: RegKey, f: DotFun<Registration>) {
         count(&mut self.per_writer, &f, 1);
-        if let Some(old) = self.map.get(&k) {
-            count(&mut self.per_writer, old, -1);
-        }
+        let k = match self.map.get_key_value(&k) {
+            Some((held, old)) => {
+                count(&mut self.per_writer, old, -1);
+                held.clone()
+            }
+            None => self.sharing_service(k),
+        };
         self.map.insert_mut(k, f);
+    }
+
+    /// `k`, its service name taken from a neighbouring key of the same service if any
+    /// (keys sort by service first, so one of its neighbours has it if any key does).
+    fn sharing_service(&self, mut k: RegKey) -> RegKey {
+        let before = self.map.range(..&k).next_back();
+        let after = self.map.range(&k..).next();
+        let held = [before, after]
+            .into_iter()
+            .flatten()
+            .find(|(n, _)| n.service == k.service);
+        if let Some((n, _)) = held {
+            k.service = n.service.clone();
+        }
+        k
     }
 
     /// Replaces every registration for which `op` gives a replacement, dropping those it
@@ -251,6 +274,48 @@ mod tests {
             }
             true
         }
+    }
+
+    #[test]
+    fn keys_of_one_service_hold_one_copy_of_its_name() {
+        let mut s = RegStore::default();
+        let name = |k: &RegKey| k.service.as_str().as_ptr();
+        for p in ["m", "a", "z", "k"] {
+            s.insert(
+                key(p),
+                DotFun::single(dot(ReplicaId(1), 1), reg(dot(ReplicaId(1), 9))),
+            );
+        }
+        let other = RegKey {
+            service: ServiceName::new("api").unwrap(),
+            provider: ProviderId::new("a").unwrap(),
+        };
+        s.insert(
+            other.clone(),
+            DotFun::single(dot(ReplicaId(2), 1), reg(dot(ReplicaId(2), 9))),
+        );
+        let keys: Vec<&RegKey> = s.keys().collect();
+        assert_eq!(keys.len(), 5);
+        let web: Vec<_> = keys
+            .iter()
+            .filter(|k| k.service.as_str() == "web")
+            .map(|k| name(k))
+            .collect();
+        assert!(web.windows(2).all(|w| w[0] == w[1]), "one copy of \"web\"");
+        assert_ne!(name(keys[0]), web[0]);
+        // Written again, a key keeps the strings the store held.
+        let held = s
+            .get_key_value(&key("k"))
+            .map(|(k, _)| k.provider.as_str().as_ptr());
+        s.insert(
+            key("k"),
+            DotFun::single(dot(ReplicaId(1), 2), reg(dot(ReplicaId(1), 9))),
+        );
+        let now = s
+            .get_key_value(&key("k"))
+            .map(|(k, _)| k.provider.as_str().as_ptr());
+        assert_eq!(held, now);
+        assert_eq!(s.count_of(ReplicaId(1)), 4);
     }
 
     #[test]

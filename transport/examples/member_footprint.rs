@@ -26,6 +26,7 @@ use support::arg;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use roster_registry::codec::{decode_state, encode_state};
 use roster_registry::{Replica, ReplicaId, State};
 use roster_transport::message::Envelope;
 use roster_transport::proto::{Config, ConnId, Node, NodeInfo, Now, Output};
@@ -96,12 +97,15 @@ fn frames_on(n: &mut Node, conn: ConnId) -> Vec<Vec<u8>> {
     out
 }
 
-/// Every member's membership, as the members wrote it.
+/// Every member's membership, as the members wrote it and as it reaches a node: encoded
+/// and decoded, so no string is shared that a node would not share (every member here
+/// writes the same static service name).
 fn members(n: u64, now: Now) -> State {
     let mut all = State::new();
     for id in 1..=n {
         let member = node(id, Replica::new(ReplicaId(id)), now);
-        all.join(member.replica().state().clone());
+        let bytes = encode_state(member.replica().state());
+        all.join(decode_state(&bytes).unwrap());
     }
     all
 }
