@@ -1,8 +1,14 @@
-//! A service instance's metadata: a small map of strings, kept as a sorted `Vec`.
+//! A service instance's metadata: a small map of strings, packed in one string.
 //!
-//! Metadata is read far more than written and holds a handful of pairs, so a sorted vector
-//! of exact capacity is both the smallest and the fastest representation (a `BTreeMap`
-//! allocates a node of eleven slots for the first pair). It encodes as a map.
+//! Metadata is read far more than written and holds a handful of pairs. Every member of a
+//! cluster has some (its URL and name) at every node, so its size is multiplied by the
+//! cluster's size squared across the cluster: a sorted `Vec` of boxed strings cost one
+//! allocation for the vector and two per pair (about 100 bytes for a member's two pairs,
+//! and five allocator headers). The pairs are packed instead, sorted by key, each string
+//! written as its length in decimal, a `:` and its bytes (a netstring without the
+//! comma): one allocation, and a lookup reads a few lengths. Any strings can be packed
+//! (validation is `validate_metadata`'s job), so a decoded value is kept as it came. It
+//! encodes as a map, as it always did.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,8 +25,10 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 /// assert_eq!(m.get("zone"), Some("eu-1b"));
 /// assert_eq!(m.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["version", "zone"]);
 /// ```
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Metadata(Vec<(Box<str>, Box<str>)>);
+// Equal metadata pack to equal strings (keys sorted and unique), so the string's equality
+// and hash are the pairs'.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Metadata(Box<str>);
 
 impl Metadata {
     /// No metadata.
@@ -28,36 +36,49 @@ impl Metadata {
         Self::default()
     }
 
-    fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| (**k).cmp(key))
+    /// Packs pairs already sorted by key, each key once.
+    fn pack<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Self {
+        let size: usize = pairs
+            .clone()
+            .map(|(k, v)| packed_len(k) + packed_len(v))
+            .sum();
+        let mut s = String::with_capacity(size);
+        for (k, v) in pairs {
+            for part in [k, v] {
+                s.push_str(&part.len().to_string());
+                s.push(':');
+                s.push_str(part);
+            }
+        }
+        Self(s.into_boxed_str())
     }
 
     /// Sets `key` to `value`, returning the value it replaces.
     pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) -> Option<String> {
         let (key, value): (String, String) = (key.into(), value.into());
-        match self.find(&key) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value.into()).into()),
-            Err(i) => {
-                self.0.reserve_exact(1);
-                self.0.insert(i, (key.into(), value.into()));
-                None
-            }
-        }
+        let old = self.get(&key).map(str::to_string);
+        let mut pairs: BTreeMap<&str, &str> = self.iter().collect();
+        pairs.insert(&key, &value);
+        *self = Self::pack(pairs.iter().map(|(k, v)| (*k, *v)));
+        old
     }
 
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.find(key).ok().map(|i| &*self.0[i].1)
+        self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &str) -> Option<String> {
-        self.find(key).ok().map(|i| self.0.remove(i).1.into())
+        let old = self.get(key)?.to_string();
+        let packed = Self::pack(self.iter().filter(|(k, _)| *k != key));
+        *self = packed;
+        Some(old)
     }
 
     /// How many pairs.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.iter().count()
     }
 
     /// Whether there are no pairs.
@@ -66,13 +87,55 @@ impl Metadata {
     }
 
     /// The pairs, sorted by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (&**k, &**v))
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        Pairs { rest: &self.0 }
     }
 
     /// The keys, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(k, _)| &**k)
+        self.iter().map(|(k, _)| k)
+    }
+}
+
+/// The bytes a string takes packed.
+fn packed_len(s: &str) -> usize {
+    s.len().to_string().len() + 1 + s.len()
+}
+
+/// The pairs of a packed string, in order.
+#[derive(Clone)]
+struct Pairs<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Pairs<'a> {
+    /// The next packed string. Only `Metadata::pack` writes what is read here.
+    fn next_str(&mut self) -> Option<&'a str> {
+        let (len, rest) = self.rest.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let s = rest.get(..len)?;
+        self.rest = &rest[len..];
+        Some(s)
+    }
+}
+
+impl<'a> Iterator for Pairs<'a> {
+    type Item = (&'a str, &'a str);
+    fn next(&mut self) -> Option<Self::Item> {
+        Some((self.next_str()?, self.next_str()?))
+    }
+}
+
+impl PartialOrd for Metadata {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Metadata {
+    /// By pairs, as a sorted list of them compares.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.iter().cmp(other.iter())
     }
 }
 
@@ -86,7 +149,7 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
 
 impl From<BTreeMap<String, String>> for Metadata {
     fn from(map: BTreeMap<String, String>) -> Self {
-        Self(map.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+        Self::pack(map.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 }
 
@@ -98,7 +161,7 @@ impl<K: Into<String>, V: Into<String>, const N: usize> From<[(K, V); N]> for Met
 
 impl From<Metadata> for BTreeMap<String, String> {
     fn from(m: Metadata) -> Self {
-        m.0.into_iter().map(|(k, v)| (k.into(), v.into())).collect()
+        m.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 }
 
@@ -110,8 +173,8 @@ impl fmt::Debug for Metadata {
 
 impl Serialize for Metadata {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
+        let mut map = s.serialize_map(Some(self.len()))?;
+        for (k, v) in self.iter() {
             map.serialize_entry(k, v)?;
         }
         map.end()
@@ -129,17 +192,61 @@ impl<'de> Deserialize<'de> for Metadata {
                 f.write_str("a map of strings with sorted, unique keys")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Metadata, A::Error> {
-                let mut pairs: Vec<(Box<str>, Box<str>)> = Vec::new();
+                let mut pairs: Vec<(String, String)> = Vec::new();
                 while let Some((k, v)) = access.next_entry::<String, String>()? {
-                    if pairs.last().is_some_and(|(last, _)| **last >= *k) {
+                    if pairs.last().is_some_and(|(last, _)| *last >= k) {
                         return Err(A::Error::custom("metadata keys are not sorted and unique"));
                     }
-                    pairs.push((k.into(), v.into()));
+                    pairs.push((k, v));
                 }
-                pairs.shrink_to_fit();
-                Ok(Metadata(pairs))
+                Ok(Metadata::pack(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    quickcheck::quickcheck! {
+        /// Whatever strings (colons, digits, any characters, empty ones), packed metadata
+        /// reads back as the map it was made from, and inserts and removals keep it so.
+        fn packed_pairs_read_back_as_the_map_they_came_from(
+            pairs: Vec<(String, String)>,
+            ops: Vec<(bool, String, String)>
+        ) -> bool {
+            let mut map: BTreeMap<String, String> = pairs.into_iter().collect();
+            let mut m = Metadata::from(map.clone());
+            for (insert, k, v) in ops {
+                let (a, b) = match insert {
+                    true => (m.insert(k.clone(), v.clone()), map.insert(k, v)),
+                    false => (m.remove(&k), map.remove(&k)),
+                };
+                if a != b {
+                    return false;
+                }
+            }
+            let read: BTreeMap<String, String> = m.clone().into();
+            read == map
+                && m.len() == map.len()
+                && map.iter().all(|(k, v)| m.get(k) == Some(v.as_str()))
+                && m.get("\u{0}absent") == map.get("\u{0}absent").map(String::as_str)
+        }
+
+        /// Packed metadata orders as the sorted list of its pairs did.
+        fn metadata_orders_as_its_pairs_do(a: BTreeMap<String, String>, b: BTreeMap<String, String>) -> bool {
+            let pairs = |m: &BTreeMap<String, String>| m.clone().into_iter().collect::<Vec<_>>();
+            Metadata::from(a.clone()).cmp(&Metadata::from(b.clone())) == pairs(&a).cmp(&pairs(&b))
+        }
+    }
+
+    #[test]
+    fn a_member_s_metadata_is_one_allocation_of_its_strings_and_their_lengths() {
+        let m: Metadata = [("url", "ws://10.0.0.7:7420"), ("name", "n7")].into();
+        assert_eq!(&*m.0, "4:name2:n73:url18:ws://10.0.0.7:7420");
+        assert_eq!(m.get("url"), Some("ws://10.0.0.7:7420"));
+        assert_eq!(m.get("ur"), None);
     }
 }
