@@ -38,10 +38,7 @@ impl Metadata {
 
     /// Packs pairs already sorted by key, each key once.
     fn pack<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Self {
-        let size: usize = pairs
-            .clone()
-            .map(|(k, v)| packed_len(k) + packed_len(v))
-            .sum();
+        let size: usize = pairs.clone().map(|(k, v)| packed_len(k) + packed_len(v)).sum();
         let mut s = String::with_capacity(size);
         for (k, v) in pairs {
             for part in [k, v] {
@@ -199,7 +196,9 @@ impl<'de> Deserialize<'de> for Metadata {
                     }
                     pairs.push((k, v));
                 }
-                Ok(Metadata::pack(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+                Ok(Metadata::pack(
+                    pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                ))
             }
         }
         d.deserialize_map(V)
