@@ -117,8 +117,13 @@ impl EntryLoader {
     ///
     /// # Errors
     /// [`DecodeError`] for bytes that are not such an entry.
-    pub fn add_reg(&mut self, key: RegKey, bytes: &[u8]) -> Result<(), DecodeError> {
+    pub fn add_reg(&mut self, mut key: RegKey, bytes: &[u8]) -> Result<(), DecodeError> {
         let f = codec::decode_registrations(bytes)?;
+        // Entries come in key order: one copy of each service name, as a join keeps.
+        let last = self.regs.last().map(|(k, _)| &k.service);
+        if let Some(s) = last.filter(|s| **s == key.service) {
+            key.service = s.clone();
+        }
         self.regs.insert_mut(key, f);
         Ok(())
     }
@@ -164,6 +169,34 @@ mod tests {
             l.add_lease(n, &s.encode_lease_entry(n).unwrap()).unwrap();
         }
         l.finish(Some(&codec::encode_context(s.context()))).unwrap()
+    }
+
+    #[test]
+    fn loaded_keys_of_one_service_hold_one_copy_of_its_name() {
+        let mut r = Replica::new(ReplicaId(1));
+        for p in ["a", "b", "c"] {
+            let (web, p) = (ServiceName::new("web").unwrap(), ProviderId::new(p).unwrap());
+            let ep = Endpoint::new("10.0.0.1", 80).unwrap();
+            r.register(web, p, ep, Default::default(), 60_000, Hlc::new(1_000, 0))
+                .unwrap();
+        }
+        // Each key read from its row: a name of its own.
+        let mut l = EntryLoader::new();
+        for k in r.state().reg_keys() {
+            let fresh = RegKey {
+                service: ServiceName::new(k.service.as_str()).unwrap(),
+                provider: k.provider.clone(),
+            };
+            l.add_reg(fresh, &r.state().encode_reg_entry(k).unwrap()).unwrap();
+        }
+        for n in r.state().lease_nodes() {
+            l.add_lease(n, &r.state().encode_lease_entry(n).unwrap()).unwrap();
+        }
+        let s = l.finish(Some(&codec::encode_context(r.context()))).unwrap();
+        assert_eq!(s, *r.state());
+        let names: Vec<*const u8> = s.reg_keys().map(|k| k.service.as_str().as_ptr()).collect();
+        assert_eq!(names.len(), 3);
+        assert!(names.windows(2).all(|w| w[0] == w[1]));
     }
 
     #[test]
