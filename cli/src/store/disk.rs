@@ -210,6 +210,10 @@ pub(super) fn reopen(path: &Path, faults: &Faults) -> Result<Database, StoreErro
     })
 }
 
+/// What redb may keep of the file in memory. Its default, a gigabyte, kept every page
+/// read at start (the whole file) for the process's life.
+const STORE_CACHE_BYTES: usize = 2 << 20;
+
 fn open_db(file: File, faults: &Faults) -> Result<Database, redb::DatabaseError> {
     let backend = FileBackend::new(file)?;
     #[cfg(test)]
@@ -222,6 +226,7 @@ fn open_db(file: File, faults: &Faults) -> Result<Database, redb::DatabaseError>
     let backend: Backend = backend;
     redb::Builder::new()
         .set_check_integrity_on_open(true)
+        .set_cache_size(STORE_CACHE_BYTES)
         .create_with_backend(backend)
 }
 
