@@ -162,7 +162,7 @@ impl Node {
     fn note_digest(&mut self, peer: ReplicaId, theirs: &CausalContext) {
         let head = self.buffer.head();
         let p = self.peers.entry(peer).or_default();
-        p.digest = Some(Box::new(theirs.clone()));
+        p.digest = Some(Box::new(theirs.compacted()));
         p.digest_sent_at = None;
         if p.acked.is_some_and(|a| a < head) {
             p.adopted = true;

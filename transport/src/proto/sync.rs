@@ -482,7 +482,7 @@ impl Node {
         }
         let head = self.buffer.head();
         self.in_step(peer, head);
-        let ours = self.replica.context().clone();
+        let ours = self.replica.context().compacted();
         if let Some(p) = self.peers.get_mut(&peer) {
             p.digest = Some(Box::new(ours));
         }
