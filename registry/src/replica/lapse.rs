@@ -16,6 +16,8 @@ impl Replica {
             .filter_map(|f| f.winner(|l| l.issued).map(|(_, l)| l))
             // A farewell's end changes no read.
             .filter(|l| !l.is_farewell())
+            // Nor does a stand-in's end, or not only: the nodes shown unreachable.
+            .chain(self.unreachable.values())
             .map(|l| l.deadline_ms())
             .filter(|&d| d > now_ms)
             .min()
@@ -26,14 +28,17 @@ impl Replica {
     /// rarely, uncovered a concurrent write of a live node). Call it as time passes (say
     /// every gossip tick) to tell watchers, since no delta will.
     pub fn lapsed(&self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
+        let ended_between = |l: &crate::value::Lease| l.is_live(after_ms) && !l.is_live(upto_ms);
+        // Leases, and the stand-ins of nodes shown unreachable: a display that ends, or a
+        // lease that ends under one (the node is then shown unreachable), changes reads.
         let ended: BTreeSet<ReplicaId> = self
             .state
             .leases
             .iter()
-            .filter_map(|(n, f)| {
-                let (_, l) = f.winner(|l| l.issued)?;
-                (l.is_live(after_ms) && !l.is_live(upto_ms)).then_some(*n)
-            })
+            .filter_map(|(n, f)| Some((*n, f.winner(|l| l.issued)?.1)))
+            .chain(self.unreachable.iter().map(|(n, l)| (*n, l)))
+            .filter(|(_, l)| ended_between(l))
+            .map(|(n, _)| n)
             .collect();
         if ended.is_empty() {
             return Vec::new();
@@ -43,13 +48,13 @@ impl Replica {
             if !f.dots().any(|d| ended.contains(&d.actor)) {
                 continue;
             }
-            let was = self.live_instance(k, f, after_ms).map(|i| i.dot);
+            let was = self.live_instance(k, f, after_ms).map(|i| (i.dot, i.unreachable));
             match self.live_instance(k, f, upto_ms) {
                 None if was.is_some() => changes.push(Change::Down {
                     service: k.service.clone(),
                     provider: k.provider.clone(),
                 }),
-                Some(i) if was != Some(i.dot) => changes.push(Change::Up(i.to_owned())),
+                Some(i) if was != Some((i.dot, i.unreachable)) => changes.push(Change::Up(i.to_owned())),
                 _ => {}
             }
         }

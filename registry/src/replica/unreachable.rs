@@ -47,6 +47,10 @@ impl Replica {
             .copied()
             .collect();
         let before = self.read_of(&touched, now_ms);
+        // Their ends change reads too (see `lapsed_due`).
+        for l in next.values() {
+            self.lapse_floor = self.lapse_floor.min(l.deadline_ms());
+        }
         self.unreachable = Arc::new(next);
         self.version += 1;
         let after = self.read_of(&touched, now_ms);
@@ -166,6 +170,34 @@ mod tests {
             r.expire(4_000, 0).is_some(),
             "out of the set, the sweep collects it"
         );
+    }
+
+    #[test]
+    fn watchers_are_told_when_a_display_ends_and_when_a_lease_ends_under_one() {
+        // Written dead, shown unreachable until 602 s: gone from reads then, and told.
+        let mut r = holding_one(1_000);
+        let lease = r.lease_dots(ReplicaId(2));
+        r.write_dead(ReplicaId(2), &lease, 2_000).unwrap();
+        // Looked once with no lease left: nothing to look at until a change says so.
+        assert!(r.lapsed_due(2_000, 2_500).is_empty());
+        r.set_unreachable([(ReplicaId(2), 2_000, 602_000)], 3_000);
+        assert_eq!(r.next_deadline_ms(3_000), Some(602_000));
+        assert!(r.lapsed_due(3_000, 601_999).is_empty());
+        let down = r.lapsed_due(601_999, 602_000);
+        assert!(matches!(&down[..], [Change::Down { .. }]), "{down:?}");
+
+        // Its own lease ends while it is in the set: still shown, now as unreachable.
+        let mut r = holding_one(1_000);
+        assert!(r
+            .set_unreachable([(ReplicaId(2), 1_500, 600_000)], 2_000)
+            .is_empty());
+        assert!(r.lapsed_due(2_000, 1_000 + TTL - 1).is_empty());
+        let flipped = r.lapsed_due(1_000 + TTL - 1, 1_000 + TTL);
+        assert!(
+            matches!(&flipped[..], [Change::Up(i)] if i.unreachable),
+            "{flipped:?}"
+        );
+        assert_eq!(shown(&r, 1_000 + TTL), vec![("w2".to_string(), true)]);
     }
 
     #[test]
