@@ -78,9 +78,20 @@ impl Node {
     /// The URL `id` is dialed at: its membership's while it is a live member, else its
     /// contact's.
     pub(super) fn url_of(&self, id: ReplicaId, now_ms: u64) -> Option<String> {
-        self.member_contact(id, now_ms)
-            .map(|(url, _)| url)
-            .or_else(|| self.contacts.lost.get(&id)?.url.clone())
+        self.known_contact(id, now_ms).0
+    }
+
+    /// Where `id` is dialed ([`Node::url_of`]) and its name, as its membership gives them
+    /// while it is a live member, else as its contact or its last connection did.
+    pub(super) fn known_contact(&self, id: ReplicaId, now_ms: u64) -> (Option<String>, Option<String>) {
+        if let Some((url, name)) = self.member_contact(id, now_ms) {
+            return (Some(url), Some(name));
+        }
+        let lost = self.contacts.lost.get(&id);
+        let name = lost
+            .and_then(|c| c.name.clone())
+            .or_else(|| self.peers.get(&id)?.name.clone());
+        (lost.and_then(|c| c.url.clone()), name)
     }
 
     /// Notes that `id` was heard from (connected, or its last connection closed).
@@ -99,19 +110,13 @@ impl Node {
         self.known_ids(now_ms)
             .into_iter()
             .map(|id| {
-                let live = self.member_contact(id, now_ms);
+                let (url, name) = self.known_contact(id, now_ms);
                 let lost = self.contacts.lost.get(&id);
                 let peer = self.peers.get(&id);
                 KnownPeer {
                     id,
-                    url: live.as_ref().map(|(u, _)| u.clone()).or_else(|| {
-                        lost.and_then(|c| c.url.clone())
-                            .or_else(|| peer.and_then(|p| p.advertised.clone()))
-                    }),
-                    name: live.map(|(_, n)| n).or_else(|| {
-                        lost.and_then(|c| c.name.clone())
-                            .or_else(|| peer.and_then(|p| p.name.clone()))
-                    }),
+                    url: url.or_else(|| peer?.advertised.clone()),
+                    name,
                     last_seen_ms: match self.is_live_other(id, now_ms) {
                         true => now_ms,
                         false => lost
@@ -158,44 +163,12 @@ pub(super) fn contact_in(regs: &Registrations, id: ReplicaId, now_ms: u64) -> Op
 mod tests {
     use rand::rngs::SmallRng;
     use rand::{RngExt, SeedableRng};
-    use roster_registry::{Endpoint, Hlc, Metadata, Replica, State};
+    use roster_registry::Replica;
 
     use super::super::membership::live_members;
-    use super::super::{Config, DialTarget, NodeInfo, Output};
+    use super::super::test_support::{info, membership, membership_by};
+    use super::super::{Config, DialTarget, Output};
     use super::*;
-
-    fn info(i: u64) -> NodeInfo {
-        NodeInfo {
-            id: ReplicaId(i),
-            name: format!("n{i}"),
-            url: format!("ws://127.0.0.{i}:7420"),
-            zone: Default::default(),
-        }
-    }
-
-    /// A membership written by node `i` at `at`, listening on `port`, with a lease of `ttl`.
-    fn membership(i: u64, port: u16, at: u64, ttl: u64) -> State {
-        membership_by(&mut Replica::new(ReplicaId(i)), port, at, ttl)
-    }
-
-    /// The same, written by `r` (node `i`'s replica: each write a new dot).
-    fn membership_by(r: &mut Replica, port: u16, at: u64, ttl: u64) -> State {
-        let i = r.id().0;
-        let url = format!("ws://127.0.0.{i}:{port}");
-        let meta: Metadata = [("url", url.as_str()), ("name", &format!("n{i}"))].into();
-        let ep = Endpoint::parse(&format!("127.0.0.{i}:{port}")).unwrap();
-        let at = Hlc::new(at, port % 1000);
-        r.register(
-            members_service(),
-            member_provider(ReplicaId(i)),
-            ep,
-            meta,
-            ttl,
-            at,
-        )
-        .unwrap()
-        .delta
-    }
 
     fn node(now: u64) -> Node {
         Node::new(

@@ -135,19 +135,12 @@ impl Node {
             .known_ids(now_ms)
             .into_iter()
             .map(|id| {
-                let live = self.member_contact(id, now_ms);
-                let lost = self.contacts.lost.get(&id);
+                let (url, name) = self.known_contact(id, now_ms);
                 let p = self.peers.get(&id);
                 PeerMemory {
                     id,
-                    url: live
-                        .as_ref()
-                        .map(|(u, _)| u.clone())
-                        .or_else(|| lost?.url.clone()),
-                    name: live
-                        .map(|(_, n)| n)
-                        .or_else(|| lost?.name.clone())
-                        .or_else(|| p?.name.clone()),
+                    url,
+                    name,
                     // Kept in monotonic time; saved in wall time, by the last input's offset.
                     backoff: p.map_or_else(Backoff::default, |p| {
                         self.saved_backoff(p.backoff, p.clock_refused)
