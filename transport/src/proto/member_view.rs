@@ -120,37 +120,11 @@ impl Node {
 mod tests {
     use rand::rngs::SmallRng;
     use rand::{RngExt, SeedableRng};
-    use roster_registry::{Endpoint, Hlc, Metadata, Replica, ReplicaId};
+    use roster_registry::{Replica, ReplicaId};
 
-    use super::super::membership::{member_provider, members_service};
-    use super::super::{Config, NodeInfo};
+    use super::super::test_support::{info, membership};
+    use super::super::Config;
     use super::*;
-
-    fn info(i: u64) -> NodeInfo {
-        NodeInfo {
-            id: ReplicaId(i),
-            name: format!("n{i}"),
-            url: format!("ws://127.0.0.{i}:7420"),
-            zone: Default::default(),
-        }
-    }
-
-    /// A membership written by node `i` at `at`, with a lease of `ttl`.
-    fn membership(i: u64, at: u64, ttl: u64) -> roster_registry::State {
-        let mut r = Replica::new(ReplicaId(i));
-        let meta: Metadata = [("url", info(i).url.as_str()), ("name", "x")].into();
-        let ep = Endpoint::parse(&format!("127.0.0.{i}:7420")).unwrap();
-        r.register(
-            members_service(),
-            member_provider(ReplicaId(i)),
-            ep,
-            meta,
-            ttl,
-            Hlc::new(at, 0),
-        )
-        .unwrap()
-        .delta
-    }
 
     /// What the view must hold: the members read from the replica now.
     fn read_now(node: &Node, now_ms: u64) -> Vec<Member> {
@@ -186,7 +160,7 @@ mod tests {
                 match rng.random_range(0..4) {
                     0 => {
                         let ttl = rng.random_range(5_000..60_000);
-                        node.replica.apply(membership(other, now, ttl), now);
+                        node.replica.apply(membership(other, 7420, now, ttl), now);
                     }
                     1 => {
                         let until = now + rng.random_range(0..30_000);

@@ -58,6 +58,8 @@ mod resume;
 mod resume_types;
 /// Pushes, gossip rounds, full states, and forwarding what a delta taught.
 mod sync;
+#[cfg(test)]
+mod test_support;
 /// The monotonic clock for timers and the wall clock for stamps and leases.
 mod time;
 mod timers;
