@@ -450,17 +450,27 @@ mod tests {
         }
     }
 
+    /// A context of these dots (of `actors` nodes), with node 7 retired at `retire`.
+    fn context_of(dots: &[(u8, u8)], actors: u8, retire: Option<u8>) -> CausalContext {
+        let mut c = CausalContext::from_dots(
+            dots.iter()
+                .map(|&(a, n)| dot(ReplicaId(u64::from(a % actors)), u64::from(n) + 1)),
+        );
+        if let Some(r) = retire {
+            let r = Retirement {
+                counter: u64::from(r),
+                at: Hlc::new(1_000, 0),
+            };
+            c.retired.insert(ReplicaId(7), r);
+        }
+        c
+    }
+
     quickcheck::quickcheck! {
         /// Written from borrowed parts, a context encodes to the same bytes as its copied
         /// wire form did, and reads back as itself.
         fn a_context_encodes_as_its_copied_wire_form(dots: Vec<(u8, u8)>, retire: Option<u8>) -> bool {
-            let mut c = CausalContext::from_dots(
-                dots.iter().map(|&(a, n)| dot(ReplicaId(u64::from(a % 5)), u64::from(n) + 1)),
-            );
-            if let Some(r) = retire {
-                let r = Retirement { counter: u64::from(r), at: Hlc::new(1_000, 0) };
-                c.retired.insert(ReplicaId(7), r);
-            }
+            let c = context_of(&dots, 5, retire);
             let ours = postcard::to_allocvec(&c).unwrap();
             let back: CausalContext = postcard::from_bytes(&ours).unwrap();
             ours == postcard::to_allocvec(&copied(&c)).unwrap() && back == c
@@ -468,13 +478,7 @@ mod tests {
 
         /// A compacted context is the same context: equal, and so every dot it holds.
         fn a_compacted_context_is_the_same_context(dots: Vec<(u8, u8)>, retire: Option<u8>) -> bool {
-            let mut c = CausalContext::from_dots(
-                dots.iter().map(|&(a, n)| dot(ReplicaId(u64::from(a % 9)), u64::from(n) + 1)),
-            );
-            if let Some(r) = retire {
-                let r = Retirement { counter: u64::from(r), at: Hlc::new(1_000, 0) };
-                c.retired.insert(ReplicaId(7), r);
-            }
+            let c = context_of(&dots, 9, retire);
             let k = c.compacted();
             k == c
                 && k.includes(&c)

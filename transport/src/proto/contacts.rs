@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use roster_registry::{Change, RegKey, Registrations, ReplicaId};
+use roster_registry::{Change, Metadata, RegKey, Registrations, ReplicaId};
 
 use super::membership::{member_id, member_provider, members_service, MEMBERS_SERVICE};
 use super::{KnownPeer, Node, Now};
@@ -29,6 +29,17 @@ pub(super) struct Contact {
     pub(super) name: Option<String>,
     /// When it was last a live member or connected (wall ms).
     pub(super) last_seen_ms: u64,
+}
+
+impl Contact {
+    /// The contact a membership's metadata gives, seen at `now_ms`.
+    fn of(meta: &Metadata, now_ms: u64) -> Self {
+        Self {
+            url: meta.get("url").map(str::to_string),
+            name: meta.get("name").map(str::to_string),
+            last_seen_ms: now_ms,
+        }
+    }
 }
 
 /// The contacts of lost nodes.
@@ -60,12 +71,7 @@ impl Node {
                         continue;
                     };
                     if i.unreachable {
-                        let contact = Contact {
-                            url: i.meta.get("url").map(str::to_string),
-                            name: i.meta.get("name").map(str::to_string),
-                            last_seen_ms: now.wall_ms,
-                        };
-                        self.contacts.lost.insert(id, contact);
+                        self.contacts.lost.insert(id, Contact::of(&i.meta, now.wall_ms));
                     } else {
                         self.contacts.lost.remove(&id);
                     }
@@ -151,12 +157,7 @@ pub(super) fn contact_in(regs: &Registrations, id: ReplicaId, now_ms: u64) -> Op
         service: members_service(),
         provider: member_provider(id),
     };
-    let r = regs.get(&key)?;
-    Some(Contact {
-        url: r.meta.get("url").map(str::to_string),
-        name: r.meta.get("name").map(str::to_string),
-        last_seen_ms: now_ms,
-    })
+    Some(Contact::of(&regs.get(&key)?.meta, now_ms))
 }
 
 #[cfg(test)]
