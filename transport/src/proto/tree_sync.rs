@@ -27,8 +27,9 @@ impl Node {
     }
 
     /// How many links the newest change of `root` crossed to reach this node, each counted
-    /// at its cost, once one came on a tree: the depth of this node in `root`'s tree (a
-    /// diagnostic).
+    /// at its cost, once one came on a tree (a diagnostic). A parent that moved nearer the
+    /// root after passing the change on leaves it above this node's depth in the tree
+    /// until the root's next change: the depth is the walk up `tree_parent`.
     pub fn tree_hops(&self, root: ReplicaId) -> Option<u16> {
         self.trees.hops(root)
     }
