@@ -3,7 +3,8 @@
 //! as Akka Distributed Data does it).
 //!
 //! Bounded: past `capacity` entries the oldest go, and a peer whose acknowledgement falls
-//! before what remains gets a full (elided) state instead.
+//! before what remains gets a full (elided) state instead. Past [`MAX_BYTES`] of them
+//! encoded, the oldest that every peer still to be sent them holds go too (`trim_held`).
 //!
 //! Deltas are kept encoded (the registry's wire encoding). Most are tiny (one registration
 //! or one lease renewal), and a `State` of one entry costs about 1.8 KB in memory (a B-tree
@@ -19,6 +20,11 @@ use roster_registry::codec::{decode_state, encode_state};
 use roster_registry::{CausalContext, ReplicaId, State};
 
 use crate::message::{ChangeId, Tagged};
+
+/// The bytes of encoded deltas past which those every peer holds go (the newest stays): a bulk load of 100,000 registrations came in deltas of 850 KB each, and the
+/// buffer held ten of them (85 bytes a registration at every node) long after every peer
+/// had them. About 7,000 deltas of one registration fit, so the bound binds only on bulk.
+pub const MAX_BYTES: usize = 1 << 20;
 
 /// The most peers recorded as holding one buffered delta (a node has a few links).
 const MAX_KNOWN: usize = 8;
@@ -95,16 +101,27 @@ pub struct DeltaBuffer {
     entries: VecDeque<Entry>,
     head: u64,
     capacity: usize,
+    /// The encoded bytes of the entries.
+    bytes: usize,
+    max_bytes: usize,
 }
 
 impl DeltaBuffer {
-    /// An empty buffer keeping at most `capacity` deltas (at least one).
+    /// An empty buffer keeping at most `capacity` deltas (at least one), trimmed past
+    /// [`MAX_BYTES`].
     pub fn new(capacity: usize) -> Self {
         Self {
             entries: VecDeque::new(),
             head: 0,
             capacity: capacity.max(1),
+            bytes: 0,
+            max_bytes: MAX_BYTES,
         }
+    }
+
+    /// The same buffer, trimmed past `max_bytes` of encoded deltas (see `trim_held`).
+    pub fn with_max_bytes(self, max_bytes: usize) -> Self {
+        Self { max_bytes, ..self }
     }
 
     /// The sequence number of the newest delta (0 before the first).
@@ -133,15 +150,17 @@ impl DeltaBuffer {
         // Make room first: the deque never holds more than `capacity`, so it never grows
         // to twice that.
         while self.entries.len() >= self.capacity {
-            self.entries.pop_front();
+            self.pop_oldest();
         }
+        let encoded = encode_state(&delta).into_boxed_slice();
+        self.bytes += encoded.len();
         self.entries.push_back(Entry {
             seq: self.head,
             origin,
             known: Vec::new(),
             entries: delta.registration_count() + delta.lease_count(),
             tags: tags.into_boxed_slice(),
-            delta: encode_state(&delta).into_boxed_slice(),
+            delta: encoded,
         });
         // `after` finds an entry by its distance from the first: numbers without gaps.
         debug_assert!(
@@ -151,6 +170,31 @@ impl DeltaBuffer {
             "the buffered deltas are numbered without gaps up to the head"
         );
         self.head
+    }
+
+    /// Whether it holds more than its bytes of encoded deltas.
+    pub fn over_bytes(&self) -> bool {
+        self.bytes > self.max_bytes
+    }
+
+    /// Past its bytes, drops the oldest deltas that every one of `peers` (each with the
+    /// last number it acknowledged) holds: acknowledged, sent us, or announced whole. It
+    /// stops at the first one of them still lacks, and never drops the newest.
+    pub fn trim_held(&mut self, peers: &[(ReplicaId, u64)]) {
+        while self.over_bytes() && self.entries.len() > 1 {
+            let Some(e) = self.entries.front() else { break };
+            let held = |&(p, acked): &(ReplicaId, u64)| e.seq <= acked || Recipient::from(p).has(e);
+            if !peers.iter().all(held) {
+                break;
+            }
+            self.pop_oldest();
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some(e) = self.entries.pop_front() {
+            self.bytes -= e.delta.len();
+        }
     }
 
     /// Whether every delta after `acked` is still held, so a peer that acknowledged `acked`
@@ -382,5 +426,36 @@ mod tests {
         }
         assert_eq!((b.head(), b.len()), (5, 2));
         assert!(b.covers(3) && b.covers(5) && !b.covers(2));
+    }
+
+    #[test]
+    fn past_its_bytes_the_oldest_every_peer_holds_go_but_never_the_newest() {
+        let ds = deltas(5);
+        let size = |d: &State| encode_state(d).len();
+        // Room for the last two deltas' bytes, not three; the second came from peer 9.
+        let room = size(&ds[3]) + size(&ds[4]);
+        let mut b = DeltaBuffer::new(8).with_max_bytes(room);
+        for (i, d) in ds.iter().cloned().enumerate() {
+            b.push((i == 1).then_some(ReplicaId(9)), d);
+        }
+        assert!(b.over_bytes());
+        // Peer 5 acknowledged the first only: nothing after it goes.
+        b.trim_held(&[(ReplicaId(5), 1), (ReplicaId(9), 5)]);
+        assert_eq!(b.len(), 4);
+        assert!(b.covers(1) && !b.covers(0));
+        // 5 acknowledged the third, 9 only the first but sent the second: 9 lacks the third.
+        b.trim_held(&[(ReplicaId(5), 3), (ReplicaId(9), 1)]);
+        assert_eq!(b.len(), 3, "9 lacks the third");
+        b.trim_held(&[(ReplicaId(5), 3), (ReplicaId(9), 3)]);
+        assert_eq!((b.head(), b.len()), (5, 2));
+        assert!(b.covers(3) && !b.covers(2) && !b.over_bytes());
+        // With no peer, a delta over the bound alone is kept, alone.
+        let mut tiny = DeltaBuffer::new(8).with_max_bytes(1);
+        tiny.push(None, ds[0].clone());
+        tiny.push(None, ds[1].clone());
+        tiny.trim_held(&[]);
+        assert_eq!((tiny.head(), tiny.len()), (2, 1));
+        let newest = encode_state(&ds[1]);
+        assert_eq!(tiny.single_between(1, 2, ReplicaId(5)), Some(&newest[..]));
     }
 }

@@ -516,7 +516,9 @@ impl NodeTask {
             .unsaved
             .publish(changed, &self.publish.replica, snapshot);
         // No subscriber is fine; a lagging one learns it from its receiver.
-        let changes: Vec<Arc<Change>> = self.events_due.drain(..).map(Arc::new).collect();
+        // Taken, not drained: the room for a join's 100,000 events (4.5 MiB) goes with them.
+        let due = std::mem::take(&mut self.events_due);
+        let changes: Vec<Arc<Change>> = due.into_iter().map(Arc::new).collect();
         self.publish.by_service.send(&changes);
         for change in changes {
             let _ = self.publish.changes.send(change);

@@ -103,6 +103,9 @@ pub const DIGEST_COALESCE_MS: u64 = 2_000;
 /// members (see `release_seed`).
 const SEED_SETTLE_ROUNDS: u64 = 5;
 
+/// The outputs the queue keeps room for once it is empty.
+const OUTPUTS_KEPT: usize = 1_024;
+
 /// For this long after its start, a node dials the seeds it has not reached and no known
 /// member stands at, even while connected (see `dial_more`).
 const SEED_RETRY_MS: u64 = 5 * 60 * 1000;
@@ -474,7 +477,13 @@ impl Node {
 
     /// The next output, if any. Call until `None` after every input.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        let out = self.outputs.pop_front();
+        if out.is_none() && self.outputs.capacity() > OUTPUTS_KEPT {
+            // A join that changed 100,000 registrations queued an event each: the queue's
+            // room for them (2 MiB) is not kept once they are taken.
+            self.outputs.shrink_to(OUTPUTS_KEPT);
+        }
+        out
     }
 
     /// Whether a full state sent to `peer` is still waiting for its acknowledgement.

@@ -278,6 +278,24 @@ impl Node {
         }
         p.full_sent_at = None;
         p.adopted = false;
+        self.trim_buffer();
+    }
+
+    /// Past the buffer's bytes, drops the oldest deltas that every peer still to be sent
+    /// them holds: every connected one (those on connections for one exchange are pushed
+    /// nothing), and every one that acknowledged some, connected or not (one that comes
+    /// back resumes from its acknowledgement: a restart costs what it missed, in pieces).
+    pub(super) fn trim_buffer(&mut self) {
+        if !self.buffer.over_bytes() {
+            return;
+        }
+        let acked = |p: ReplicaId| self.peers.get(&p).and_then(|p| p.acked);
+        let connected = (self.conns.values())
+            .filter(|c| !c.sync)
+            .map(|c| (c.peer, acked(c.peer).unwrap_or(0)));
+        let acknowledged = (self.peers.iter()).filter_map(|(&id, p)| Some((id, p.acked?)));
+        let peers: Vec<(ReplicaId, u64)> = connected.chain(acknowledged).collect();
+        self.buffer.trim_held(&peers);
     }
 
     /// The state elided against the peer's digest (all of it without one), unless one is
@@ -374,6 +392,7 @@ impl Node {
                 // Forward only what it taught us, never the rest of what it carried.
                 Some(delta) => {
                     self.buffer.push_tagged(Some(from), delta, tags);
+                    self.trim_buffer();
                     self.schedule_push(now);
                 }
                 None => self.learnt_out_of_band(now),

@@ -63,7 +63,9 @@ impl Node {
         } else {
             Vec::new()
         };
-        self.buffer.push_tagged(None, delta, tags)
+        let seq = self.buffer.push_tagged(None, delta, tags);
+        self.trim_buffer();
+        seq
     }
 
     /// A push on the trees: admitted, joined, acknowledged (unless it answers a graft).

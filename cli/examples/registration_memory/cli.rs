@@ -1,0 +1,109 @@
+//! What the benchmark asks the agents through the `roster` CLI (the commands an operator
+//! runs): who is a member, how many instances each holds, and `register --from-file` of a
+//! file written here; and the polling that waits for an answer.
+
+use std::future::Future;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::agent::roster_command;
+use crate::Error;
+
+/// How often a poll asks again.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Runs `roster ARGS --agent URL` and returns its stdout; a failure names the command and
+/// gives its error.
+async fn roster(bin: &Path, url: &str, args: &[&str]) -> Result<Vec<u8>, Error> {
+    let mut cmd = tokio::process::Command::from(roster_command(bin));
+    // Dropped unfinished (an interrupt): killed by its pid, and reaped by tokio.
+    cmd.args(args).args(["--agent", url]).kill_on_drop(true);
+    let out = cmd.output().await?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let shown = args.join(" ");
+        return Err(format!(
+            "`roster {shown} --agent {url}` failed ({}): {}",
+            out.status,
+            err.trim()
+        )
+        .into());
+    }
+    Ok(out.stdout)
+}
+
+/// The names of the members the agent at `url` lists `alive` (`roster members --json`).
+pub async fn alive(bin: &Path, url: &str) -> Result<Vec<String>, Error> {
+    let out = roster(bin, url, &["members", "--json"]).await?;
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out)?;
+    let alive = list.iter().filter(|m| m["state"] == "alive");
+    Ok(alive
+        .filter_map(|m| m["name"].as_str().map(String::from))
+        .collect())
+}
+
+/// The live instances the agent at `url` holds, over every service (`roster ls --json`).
+pub async fn instances(bin: &Path, url: &str) -> Result<u64, Error> {
+    let out = roster(bin, url, &["ls", "--json"]).await?;
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out)?;
+    list.iter()
+        .map(|s| {
+            s["instances"]
+                .as_u64()
+                .ok_or("`roster ls --json`: a service without a count")
+        })
+        .try_fold(0, |sum, k| Ok(sum + k?))
+}
+
+/// The service of registration `i` of a file with `services` services.
+pub fn service(i: usize, services: usize) -> String {
+    format!("svc-{}", i % services)
+}
+
+/// Writes `n` registrations in `services` services, one JSON line each as
+/// `roster register --from-file` reads them: instance `i<i>` of `svc-<i % services>` at
+/// `10.x.y.z:port`, with `version=1.2.3`.
+pub fn write_registrations(path: &Path, n: usize, services: usize) -> Result<(), Error> {
+    let mut out = BufWriter::new(std::fs::File::create(path)?);
+    for i in 0..n {
+        let (x, y, z) = ((i >> 16) & 255, (i >> 8) & 255, i & 255);
+        let address = format!("10.{x}.{y}.{z}:{}", 8000 + i % 1000);
+        let svc = service(i, services);
+        writeln!(
+            out,
+            r#"{{"service": "{svc}", "address": "{address}", "id": "i{i}", "meta": {{"version": "1.2.3"}}}}"#
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Runs `roster register --from-file FILE` against `url`: its wall time (process start to
+/// exit) and the instance ids it printed, one a line.
+pub async fn register_file(bin: &Path, url: &str, file: &Path) -> Result<(Duration, usize), Error> {
+    let file = file.to_str().ok_or("a temporary path that is not UTF-8")?;
+    let started = Instant::now();
+    let out = roster(bin, url, &["register", "--from-file", file]).await?;
+    let took = started.elapsed();
+    Ok((took, out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count()))
+}
+
+/// Asks `check` every 500 ms until it answers `None`, or fails with its last answer (what
+/// is still missing) after `limit`.
+pub async fn poll<F, Fut>(limit: Duration, mut check: F) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<String>, Error>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let Some(missing) = check().await? else {
+            return Ok(());
+        };
+        if Instant::now() > deadline {
+            return Err(format!("after {limit:?}: {missing}").into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
