@@ -1,26 +1,34 @@
 //! A dot function: the few `(dot, value)` pairs of one register, sorted by dot.
 //!
 //! A register normally holds one dot (its last write) and briefly more while concurrent
-//! writes meet, so a sorted `Vec` of exact capacity beats a `BTreeMap`, whose smallest node
-//! holds eleven slots.
+//! writes meet, so its one pair is held inline, in the map's entry, and only more spill to
+//! the heap: a `Vec` cost an allocation of its own per registration and per lease (120
+//! bytes and the allocator's overhead for a registration, beside its 24-byte header), and
+//! a `BTreeMap` a node of eleven slots.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
 
 use crate::context::CausalContext;
 use crate::id::Dot;
 
 /// The `(dot, value)` pairs of one register, sorted by dot, never empty in a valid state.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub(crate) struct DotFun<V>(Vec<(Dot, V)>);
+/// Encoded as a sequence of pairs, as the `Vec` it was.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct DotFun<V>(SmallVec<[(Dot, V); 1]>);
 
 impl<V> DotFun<V> {
     pub(crate) fn single(d: Dot, v: V) -> Self {
-        Self(vec![(d, v)])
+        Self(smallvec::smallvec![(d, v)])
     }
 
     /// Wraps pairs already sorted by dot (checked by `is_sorted_unique` where it matters).
-    pub(crate) fn from_vec(mut pairs: Vec<(Dot, V)>) -> Self {
+    pub(crate) fn from_vec(pairs: Vec<(Dot, V)>) -> Self {
+        let mut pairs = SmallVec::from_vec(pairs);
         pairs.shrink_to_fit();
         Self(pairs)
     }
@@ -107,8 +115,41 @@ impl<V> DotFun<V> {
     }
 }
 
-impl<V: std::fmt::Debug> std::fmt::Debug for DotFun<V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl<V: fmt::Debug> fmt::Debug for DotFun<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.0.iter().map(|(d, v)| (d, v))).finish()
+    }
+}
+
+impl<V: Serialize> Serialize for DotFun<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for DotFun<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(PairsVisitor(PhantomData))
+    }
+}
+
+/// Reads the pairs one by one, reserving nothing: the length a peer's bytes claim is not
+/// room to set aside (a `Vec` caps what it reserves; `SmallVec`'s own reader does not).
+struct PairsVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for PairsVisitor<V> {
+    type Value = DotFun<V>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence of (dot, value) pairs")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut pairs = SmallVec::new();
+        while let Some(pair) = seq.next_element()? {
+            pairs.push(pair);
+        }
+        pairs.shrink_to_fit();
+        Ok(DotFun(pairs))
     }
 }
