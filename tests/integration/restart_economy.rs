@@ -742,6 +742,61 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
     assert!(head <= 5, "{head} deltas buffered for {OWNED} registrations");
 }
 
+/// A restart within its lease writes again only what the replica does not hold as saved:
+/// every peer took in a restarted owner's 100,000 registrations again, each launch of a
+/// crash loop too. Once the lease has ended (peers may have swept them), all are written.
+#[test]
+fn a_node_resuming_within_its_lease_writes_again_only_what_changed() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+        zone: Default::default(),
+    };
+    let web = ServiceName::new("web").unwrap();
+    let item = |i: usize, port: u16| OwnedRegistration {
+        service: web.clone(),
+        provider: ProviderId::new(&format!("w{i}")).unwrap(),
+        endpoint: Endpoint::new("10.0.0.1", port).unwrap(),
+        meta: Metadata::default(),
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
+    };
+    let saved: Vec<OwnedRegistration> = (0..100).map(|i| item(i, 80)).collect();
+    let start = |replica: Replica, owned: Vec<OwnedRegistration>, at: u64| {
+        let resume = Resume {
+            owned,
+            drop_unowned: true,
+            ..Resume::default()
+        };
+        Node::with_resume(me.clone(), replica, Vec::<String>::new(), config(), 5, at, resume).unwrap()
+    };
+    let t0 = 1_000_000;
+    let (first, resumed) = start(Replica::new(ReplicaId(1)), saved.clone(), t0);
+    assert_eq!(
+        (resumed.rewritten, resumed.kept),
+        (100, 0),
+        "a new replica holds none"
+    );
+    let replica = first.replica().clone();
+    let lease = replica.lease_of(ReplicaId(1)).unwrap().ttl_ms;
+    // A record changed before the crash (its replica write lost): that one goes again.
+    let mut records = saved.clone();
+    records[7] = item(7, 81);
+    let (again, resumed) = start(replica.clone(), records, t0 + 5_000);
+    assert_eq!((resumed.rewritten, resumed.kept), (1, 99));
+    let (head, _) = again.replication_state();
+    assert!(head <= 3, "{head} deltas buffered for one registration");
+    let seven = again
+        .replica()
+        .instances(&web, t0 + 5_000)
+        .find(|i| i.provider.as_str() == "w7");
+    assert_eq!(seven.unwrap().registration.endpoint.port(), 81);
+    // Past the lease: every one is written again.
+    let (_, resumed) = start(replica, saved, t0 + lease + 1);
+    assert_eq!((resumed.rewritten, resumed.kept), (100, 0));
+}
+
 #[test]
 fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
     let me = NodeInfo {

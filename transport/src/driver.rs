@@ -282,6 +282,7 @@ fn log_resumed(node: &str, resumed: &Resumed) {
         info!(
             node,
             rewritten = resumed.rewritten,
+            kept = resumed.kept,
             refused = resumed.refused,
             removed = resumed.removed,
             gap = resumed.gap,

@@ -20,18 +20,23 @@ impl Node {
         let ttl_ms = self.lease_ttl(now.wall_ms);
         let applied = self.replica.register_many(items.clone(), ttl_ms, stamp)?;
         for o in items {
-            let owned = Owned {
-                endpoint: o.endpoint,
-                meta: o.meta,
-                status: o.status,
-                since_ms: o.since_ms,
-                overwrite_repaired_at: None,
-            };
-            self.owned.insert((o.service, o.provider), owned);
+            self.own(o);
         }
         self.renew_at = self.renew_at.min(now.mono_ms + ttl_ms / 2);
         self.local_delta(applied.delta, applied.changes, now);
         self.note_leases_shipped();
         Ok(())
+    }
+
+    /// Takes `o` as owned: kept alive, and written again if a peer's sweep removes it.
+    pub(super) fn own(&mut self, o: OwnedRegistration) {
+        let owned = Owned {
+            endpoint: o.endpoint,
+            meta: o.meta,
+            status: o.status,
+            since_ms: o.since_ms,
+            overwrite_repaired_at: None,
+        };
+        self.owned.insert((o.service, o.provider), owned);
     }
 }
