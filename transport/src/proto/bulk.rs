@@ -40,3 +40,47 @@ impl Node {
         self.owned.insert((o.service, o.provider), owned);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use roster_registry::{Endpoint, ProviderId, Replica, ServiceName, Status};
+
+    use super::super::test_support::info;
+    use super::super::{Config, Node, Now};
+    use super::OwnedRegistration;
+
+    /// A bulk load past the buffer's bytes at a node with no peer yet (a restart, before
+    /// it connects) drops nothing: a peer that comes back resumes from the buffer, which
+    /// must still hold all since the start (a first version trimmed it to the newest
+    /// delta, and a restarted owner of 100,000 sent its peer a full state).
+    #[test]
+    fn with_no_peer_a_bulk_load_past_the_buffer_bytes_drops_nothing_from_it() {
+        let now = Now {
+            mono_ms: 1_000,
+            wall_ms: 1_800_000_000_000,
+        };
+        let mut n = Node::new(
+            info(1),
+            Replica::new(info(1).id),
+            Vec::<String>::new(),
+            Config::default(),
+            1,
+            now,
+        )
+        .unwrap();
+        let bulk = ServiceName::new("bulk").unwrap();
+        let items: Vec<OwnedRegistration> = (0..30_000)
+            .map(|i| OwnedRegistration {
+                service: bulk.clone(),
+                provider: ProviderId::new(&format!("b{i}")).unwrap(),
+                endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+                meta: Default::default(),
+                status: Status::passing(),
+                since_ms: 1,
+            })
+            .collect();
+        n.register_many(items, now).unwrap();
+        assert!(n.buffer.over_bytes(), "the load is past the buffer's bytes");
+        assert!(n.buffer.covers(0), "a delta since the start was dropped");
+    }
+}

@@ -285,6 +285,8 @@ impl Node {
     /// them holds: every connected one (those on connections for one exchange are pushed
     /// nothing), and every one that acknowledged some, connected or not (one that comes
     /// back resumes from its acknowledgement: a restart costs what it missed, in pieces).
+    /// A delta dropped is one a peer back from a restart cannot be sent from the buffer
+    /// (`adopt_base`), as one past the buffer's capacity.
     pub(super) fn trim_buffer(&mut self) {
         if !self.buffer.over_bytes() {
             return;
@@ -295,7 +297,11 @@ impl Node {
             .map(|c| (c.peer, acked(c.peer).unwrap_or(0)));
         let acknowledged = (self.peers.iter()).filter_map(|(&id, p)| Some((id, p.acked?)));
         let peers: Vec<(ReplicaId, u64)> = connected.chain(acknowledged).collect();
-        self.buffer.trim_held(&peers);
+        // With no peer at all (a restart, before it connects), nothing is held anywhere
+        // yet: the buffer is what a peer that resumes from our start is sent (`adopt_base`).
+        if !peers.is_empty() {
+            self.buffer.trim_held(&peers);
+        }
     }
 
     /// The state elided against the peer's digest (all of it without one), unless one is
