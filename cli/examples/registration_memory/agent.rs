@@ -1,12 +1,13 @@
 //! The processes the benchmark starts: `roster agent`s on loopback and one `roster watch`,
 //! each killed by its pid (SIGKILL) and reaped when dropped, on error paths too; and what
-//! `/proc` says of an agent's memory.
+//! `/proc` says of an agent: its memory, its CPU time, whether it is busy.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::Error;
 
@@ -166,6 +167,32 @@ pub fn watch(bin: &Path, agent: &Agent, service: &str, out: &Path) -> Result<Pro
     Ok(Process(child))
 }
 
+/// CPU seconds (user and system) the process used since it started (`/proc/<pid>/stat`).
+pub fn cpu_seconds(pid: u32) -> Result<f64, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name, in parentheses, may hold spaces: count fields after it.
+    let rest = stat.rsplit_once(')').ok_or("a malformed /proc stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks =
+        |i: usize| -> Result<f64, Error> { Ok(fields.get(i).ok_or("a short /proc stat")?.parse::<f64>()?) };
+    // Fields 14 and 15 of stat(5) (utime, stime); the state, field 3, is index 0 here.
+    Ok((ticks(11)? + ticks(12)?) / ticks_per_second())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 if that fails).
+fn ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
 /// `VmRSS` and `VmHWM` of a process, in KiB.
 pub fn memory_kib(pid: u32) -> Result<(u64, u64), Error> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -177,4 +204,34 @@ pub fn memory_kib(pid: u32) -> Result<(u64, u64), Error> {
             .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Most CPU an agent may use over a second and count as quiet: 5% of a core.
+const QUIET_CPU: f64 = 0.05;
+
+/// Waits until every agent used at most 5% of a core over one second, for at most `limit`:
+/// whatever the last change set off (replication, a restarted agent's exchange with its
+/// peers) is over. Returns when the quiet second ended.
+pub async fn quiet(agents: &[&Agent], limit: Duration) -> Result<Instant, Error> {
+    let deadline = Instant::now() + limit;
+    let cpu = || -> Result<Vec<f64>, Error> { agents.iter().map(|a| cpu_seconds(a.pid())).collect() };
+    let mut before = cpu()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = cpu()?;
+        let used = before.iter().zip(&now).map(|(b, n)| n - b);
+        let busy: Vec<&str> = agents
+            .iter()
+            .zip(used)
+            .filter(|(_, used)| *used > QUIET_CPU)
+            .map(|(a, _)| a.name)
+            .collect();
+        if busy.is_empty() {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("agents {busy:?} still busy (over 5% of a core) after {limit:?}").into());
+        }
+        before = now;
+    }
 }

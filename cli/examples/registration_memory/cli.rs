@@ -1,13 +1,14 @@
 //! What the benchmark asks the agents through the `roster` CLI (the commands an operator
 //! runs): who is a member, how many instances each holds, and `register --from-file` of a
-//! file written here; and the polling that waits for an answer.
+//! file written here; the waits, polling those answers (and the watch's output), until the
+//! agents have met, hold what was registered, and the watch has shown it.
 
 use std::future::Future;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::agent::roster_command;
+use crate::agent::{roster_command, Agent};
 use crate::Error;
 
 /// How often a poll asks again.
@@ -34,7 +35,7 @@ async fn roster(bin: &Path, url: &str, args: &[&str]) -> Result<Vec<u8>, Error> 
 }
 
 /// The names of the members the agent at `url` lists `alive` (`roster members --json`).
-pub async fn alive(bin: &Path, url: &str) -> Result<Vec<String>, Error> {
+async fn alive(bin: &Path, url: &str) -> Result<Vec<String>, Error> {
     let out = roster(bin, url, &["members", "--json"]).await?;
     let list: Vec<serde_json::Value> = serde_json::from_slice(&out)?;
     let alive = list.iter().filter(|m| m["state"] == "alive");
@@ -44,7 +45,7 @@ pub async fn alive(bin: &Path, url: &str) -> Result<Vec<String>, Error> {
 }
 
 /// The live instances the agent at `url` holds, over every service (`roster ls --json`).
-pub async fn instances(bin: &Path, url: &str) -> Result<u64, Error> {
+async fn instances(bin: &Path, url: &str) -> Result<u64, Error> {
     let out = roster(bin, url, &["ls", "--json"]).await?;
     let list: Vec<serde_json::Value> = serde_json::from_slice(&out)?;
     list.iter()
@@ -91,7 +92,7 @@ pub async fn register_file(bin: &Path, url: &str, file: &Path) -> Result<(Durati
 
 /// Asks `check` every 500 ms until it answers `None`, or fails with its last answer (what
 /// is still missing) after `limit`.
-pub async fn poll<F, Fut>(limit: Duration, mut check: F) -> Result<(), Error>
+async fn poll<F, Fut>(limit: Duration, mut check: F) -> Result<(), Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<String>, Error>>,
@@ -106,4 +107,56 @@ where
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Waits until every agent lists every agent `alive`.
+pub async fn met(bin: &Path, agents: &[&Agent]) -> Result<(), Error> {
+    for agent in agents {
+        poll(crate::LIMIT, || async {
+            let alive = alive(bin, &agent.url).await?;
+            let missing: Vec<&str> = agents
+                .iter()
+                .map(|a| a.name)
+                .filter(|n| !alive.iter().any(|m| m == n))
+                .collect();
+            Ok(
+                (!missing.is_empty())
+                    .then(|| format!("agent {} does not list {missing:?} alive", agent.name)),
+            )
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Waits until every agent holds `n` live instances.
+pub async fn hold(bin: &Path, agents: &[&Agent], n: usize) -> Result<(), Error> {
+    for agent in agents {
+        poll(crate::LIMIT, || async {
+            let held = instances(bin, &agent.url).await?;
+            Ok((held != n as u64).then(|| format!("agent {} holds {held} of {n} instances", agent.name)))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The `up` and `down` lines the watch printed so far.
+pub fn watch_lines(out: &Path) -> Result<(usize, usize), Error> {
+    let text = std::fs::read_to_string(out)?;
+    let count = |event: &str| {
+        text.lines()
+            .filter(|l| l.split_whitespace().next() == Some(event))
+            .count()
+    };
+    Ok((count("up"), count("down")))
+}
+
+/// Waits until the watch of `service` in `out` has printed `size` `up` lines.
+pub async fn watched(out: &Path, service: &str, size: usize) -> Result<(), Error> {
+    poll(crate::LIMIT, || async {
+        let (up, _) = watch_lines(out)?;
+        Ok((up < size).then(|| format!("the watch of {service} printed {up} of {size} up lines")))
+    })
+    .await
 }

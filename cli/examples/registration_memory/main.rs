@@ -21,26 +21,32 @@
 //! 1. Agents `a` (the owner), `b` and `w` (peers, `--join` a's URL) start on loopback
 //!    ports picked free (`--http-listen off --crash-guard off`, each its own data
 //!    directory, its output in `<name>.log`). Once each lists all three `alive`
-//!    (`roster members --json`) and `--settle` seconds (default 5) have passed, each one's
-//!    `VmRSS` is read from `/proc/<pid>/status`: the baseline.
+//!    (`roster members --json`) and all are settled, each one's `VmRSS` is read from
+//!    `/proc/<pid>/status`: the baseline. Settled: each agent used at most 5% of a core
+//!    over one second (its CPU time in `/proc/<pid>/stat`), and `--settle` seconds
+//!    (default 5) have passed since.
 //! 2. `roster watch svc-0` starts against `w` (its output in `watch.out`).
 //! 3. A file of `N` registrations is written: instance `i<i>` of service `svc-<i % S>`
-//!    (`--services S`, default 100, so `svc-0` holds `N/S`), address `10.x.y.z:port`,
-//!    metadata `version=1.2.3`, one JSON line each; `roster register --from-file` of it
-//!    against `a` is timed (wall time, process start to exit).
+//!    (`--services S`, default 100, so `svc-0` holds `N/S`; `--services 10` watches a
+//!    service of 10,000 at `N` = 100,000), address `10.x.y.z:port`, metadata
+//!    `version=1.2.3`, one JSON line each; `roster register --from-file` of it against `a`
+//!    is timed (wall time, process start to exit).
 //! 4. Once `a`, `b` and `w` each hold `N` instances (`roster ls --json`, asked every
-//!    500 ms, for at most 120 s) and the watch has printed an `up` line for each instance
-//!    of `svc-0`, and `--settle` seconds more, `VmRSS` and `VmHWM` of each are read.
+//!    500 ms) and the watch has printed an `up` line for each instance of `svc-0`, and all
+//!    are settled, `VmRSS` and `VmHWM` of each are read.
 //! 5. `a` is killed by its pid (SIGKILL) and started again with the same flags on its data
-//!    directory; once it holds `N` instances again and all three list each other `alive`,
-//!    and `--settle` seconds more, its `VmRSS` and `VmHWM` are read.
+//!    directory; once it holds `N` instances again, the three are quiet (5% of a core), list
+//!    each other `alive` and hold `N`, and are settled, its `VmRSS` and `VmHWM` are read.
+//!
+//! Every wait gives up after 120 s with an error that says what was missing.
 //!
 //! Printed, one line per agent and `N`: `VmRSS`, `VmHWM` and the baseline `VmRSS` in MiB,
 //! and bytes per registration, `(VmRSS - baseline) / N`. `b` and `w` hold the same
 //! registrations, so `w` against `b` is what one watch costs (the lines the watch printed
 //! are counted too: a restart the peers noticed would show as `down` lines). Then the
-//! `--from-file` wall time, and the time from `a`'s restart until it held `N` (found
-//! by polling, so within 500 ms).
+//! `--from-file` wall time; and for the restart, the time from the kill until `a` held `N`
+//! (found by polling, so up to 500 ms late) and until the three were quiet (up to a
+//! second late), with the CPU seconds each agent used from the kill until then.
 //!
 //! Measured values only: nothing is asserted about them. Every process started (agents,
 //! the watch, the CLI commands) is killed by its pid and reaped when the run ends, fails
@@ -52,15 +58,15 @@ mod cli;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent::{memory_kib, roster_binary, Agent};
-use cli::{alive, instances, poll, register_file, service, write_registrations};
+use agent::{cpu_seconds, memory_kib, quiet, roster_binary, Agent};
+use cli::{hold, met, register_file, service, watch_lines, watched, write_registrations};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The most registrations a `--from-file` file may hold.
 const MAX_N: usize = 100_000;
-/// The longest wait for the agents to meet, to converge, to restart.
-const LIMIT: Duration = Duration::from_secs(120);
+/// The longest wait for the agents to meet, to converge, to restart, to go quiet.
+pub const LIMIT: Duration = Duration::from_secs(120);
 /// The service the watch follows.
 const WATCHED: &str = "svc-0";
 
@@ -119,79 +125,69 @@ struct Row {
     base: u64,
 }
 
+/// What `a`'s restart took: until it held `N` again, until it was quiet, and the CPU
+/// seconds `a`, `b` and `w` used from the kill until then.
+#[derive(Debug)]
+struct Restart {
+    held: Duration,
+    quiet: Duration,
+    cpu: [f64; 3],
+}
+
 /// What one `N` measured.
 #[derive(Debug)]
 struct Measured {
     rows: Vec<Row>,
     /// The wall time of `register --from-file`, and the ids it printed.
     register: (Duration, usize),
-    /// From `a`'s restart until it held `N` again.
-    restart: Duration,
+    restart: Restart,
     /// The watched service's size, and the `up` and `down` lines the watch printed.
     watch: (usize, usize, usize),
 }
 
-/// The three agents, started and met, with their baseline `VmRSS` (after `settle`).
+/// Waits until the agents are quiet, then `settle` more.
+async fn settled(agents: &[&Agent], settle: Duration) -> Result<(), Error> {
+    quiet(agents, LIMIT).await?;
+    tokio::time::sleep(settle).await;
+    Ok(())
+}
+
+/// The three agents, started, met and settled, with their baseline `VmRSS`.
 async fn cluster(bin: &Path, dir: &Path, settle: Duration) -> Result<(Agent, Agent, Agent, [u64; 3]), Error> {
     let a = Agent::start(bin, dir, "a", None)?;
     let b = Agent::start(bin, dir, "b", Some(&a.url))?;
     let w = Agent::start(bin, dir, "w", Some(&a.url))?;
     met(bin, &[&a, &b, &w]).await?;
-    tokio::time::sleep(settle).await;
+    settled(&[&a, &b, &w], settle).await?;
     let base = [memory(&a)?.rss, memory(&b)?.rss, memory(&w)?.rss];
     Ok((a, b, w, base))
 }
 
-/// Waits until every agent lists every agent `alive`.
-async fn met(bin: &Path, agents: &[&Agent]) -> Result<(), Error> {
-    for agent in agents {
-        poll(LIMIT, || async {
-            let alive = alive(bin, &agent.url).await?;
-            let missing: Vec<&str> = agents
-                .iter()
-                .map(|a| a.name)
-                .filter(|n| !alive.iter().any(|m| m == n))
-                .collect();
-            Ok(
-                (!missing.is_empty())
-                    .then(|| format!("agent {} does not list {missing:?} alive", agent.name)),
-            )
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-/// Waits until every agent holds `n` live instances.
-async fn hold(bin: &Path, agents: &[&Agent], n: usize) -> Result<(), Error> {
-    for agent in agents {
-        poll(LIMIT, || async {
-            let held = instances(bin, &agent.url).await?;
-            Ok((held != n as u64).then(|| format!("agent {} holds {held} of {n} instances", agent.name)))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-/// The `up` and `down` lines the watch printed so far.
-fn watch_lines(out: &Path) -> Result<(usize, usize), Error> {
-    let text = std::fs::read_to_string(out)?;
-    let count = |event: &str| {
-        text.lines()
-            .filter(|l| l.split_whitespace().next() == Some(event))
-            .count()
-    };
-    Ok((count("up"), count("down")))
-}
-
-/// Waits until the watch has printed `size` `up` lines.
-async fn watched(out: &Path, size: usize) -> Result<(), Error> {
-    poll(LIMIT, || async {
-        let (up, _) = watch_lines(out)?;
-        Ok((up < size).then(|| format!("the watch of {WATCHED} printed {up} of {size} up lines")))
-    })
-    .await
+/// Kills `a` (SIGKILL) and starts it again; waits until it holds `n`, is quiet, and the
+/// three have met again and hold `n`, and `settle` more.
+async fn restart(
+    bin: &Path,
+    a: Agent,
+    b: &Agent,
+    w: &Agent,
+    n: usize,
+    settle: Duration,
+) -> Result<(Agent, Restart), Error> {
+    let peers_cpu = [cpu_seconds(b.pid())?, cpu_seconds(w.pid())?];
+    let started = Instant::now();
+    let a = a.kill_and_restart(bin)?;
+    hold(bin, &[&a], n).await?;
+    let held = started.elapsed();
+    let quiet = quiet(&[&a, b, w], LIMIT).await? - started;
+    let cpu = [
+        cpu_seconds(a.pid())?,
+        cpu_seconds(b.pid())? - peers_cpu[0],
+        cpu_seconds(w.pid())? - peers_cpu[1],
+    ];
+    met(bin, &[&a, b, w]).await?;
+    hold(bin, &[&a, b, w], n).await?;
+    settled(&[&a, b, w], settle).await?;
+    Ok((a, Restart { held, quiet, cpu }))
 }
 
 /// Steps 1 to 5 for `n` in `dir`: start, register, converge, measure, restart `a`, measure.
@@ -204,16 +200,10 @@ async fn measure(bin: &Path, n: usize, args: &Args, dir: &Path) -> Result<Measur
     write_registrations(&file, n, args.services)?;
     let register = register_file(bin, &a.url, &file).await?;
     hold(bin, &[&a, &b, &w], n).await?;
-    watched(&out, size).await?;
-    tokio::time::sleep(args.settle).await;
+    watched(&out, WATCHED, size).await?;
+    settled(&[&a, &b, &w], args.settle).await?;
     let [ma, mb, mw] = [memory(&a)?, memory(&b)?, memory(&w)?];
-    let started = Instant::now();
-    let a = a.kill_and_restart(bin)?;
-    hold(bin, &[&a], n).await?;
-    let restart = started.elapsed();
-    met(bin, &[&a, &b, &w]).await?;
-    hold(bin, &[&b, &w], n).await?;
-    tokio::time::sleep(args.settle).await;
+    let (a, restart) = restart(bin, a, &b, &w, n, args.settle).await?;
     let mr = memory(&a)?;
     let (up, down) = watch_lines(&out)?;
     let row = |which, now, base| Row { which, now, base };
@@ -262,16 +252,23 @@ fn print(n: usize, m: &Measured) {
         );
     }
     let (took, ids) = m.register;
-    let (size, up, down) = m.watch;
-    let (w, b) = (&m.rows[3], &m.rows[0]);
-    let extra = (w.now.rss as f64 - b.now.rss as f64) / 1024.0;
     println!(
-        "{n:>7}  register --from-file: {:.2} s wall ({ids} ids printed) | a restarted: held {n} after {:.1} s",
-        took.as_secs_f64(),
-        m.restart.as_secs_f64()
+        "{n:>7}  register --from-file: {:.2} s wall ({ids} ids printed)",
+        took.as_secs_f64()
     );
+    let Restart { held, quiet, cpu } = &m.restart;
     println!(
-        "{n:>7}  watch of {WATCHED} ({size} instances) on w: {up} up, {down} down lines | w - b VmRSS: {extra:+.1} MiB"
+        "{n:>7}  a restarted: held {n} after {:.1} s; quiet after {:.1} s; CPU s since the kill a {:.1}, b {:.1}, w {:.1}",
+        held.as_secs_f64(),
+        quiet.as_secs_f64(),
+        cpu[0],
+        cpu[1],
+        cpu[2]
+    );
+    let (size, up, down) = m.watch;
+    let extra = (m.rows[3].now.rss as f64 - m.rows[0].now.rss as f64) / 1024.0;
+    println!(
+        "{n:>7}  watch of {WATCHED} ({size} instances) on w: {up} up, {down} down lines | VmRSS w - b: {extra:+.1} MiB"
     );
 }
 
