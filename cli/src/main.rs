@@ -8,6 +8,7 @@ mod check_args;
 mod commands;
 mod dns;
 mod exit;
+mod heap_trim;
 mod http;
 mod output;
 mod watch;
@@ -307,7 +308,10 @@ fn main() -> ExitCode {
 /// Runs one command.
 async fn dispatch(command: Command) -> Result<(), Fail> {
     match command {
-        Command::Agent(args) => agent::run(args).await,
+        Command::Agent(args) => {
+            heap_trim::spawn();
+            agent::run(args).await
+        }
         Command::Register {
             client,
             service,
