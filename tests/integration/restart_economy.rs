@@ -793,8 +793,89 @@ fn a_node_resuming_within_its_lease_writes_again_only_what_changed() {
         .find(|i| i.provider.as_str() == "w7");
     assert_eq!(seven.unwrap().registration.endpoint.port(), 81);
     // Past the lease: every one is written again.
-    let (_, resumed) = start(replica, saved, t0 + lease + 1);
+    let (_, resumed) = start(replica.clone(), saved.clone(), t0 + lease + 1);
     assert_eq!((resumed.rewritten, resumed.kept), (100, 0));
+    // After a crash (counters reserved past the saved state): every one too.
+    let crashed = Replica::from_state(ReplicaId(1), replica.state().clone(), replica.counter() + 10);
+    let (_, resumed) = start(crashed, saved, t0 + 5_000);
+    assert_eq!((resumed.rewritten, resumed.kept), (100, 0));
+}
+
+/// An update shipped to a peer and never saved (the node crashed before its journal
+/// append: never answered) is taken back at the restart, and the peer ends with what the
+/// node saved. Kept under its old dot instead of written again, the registration was
+/// removed at the peer (the update had removed the old dot there, and closing the gap
+/// removed the update's) and stayed at the node alone.
+#[test]
+fn after_a_crash_an_update_never_saved_is_replaced_at_peers_by_what_was_saved() {
+    let me = NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+        zone: Default::default(),
+    };
+    let web = ServiceName::new("web").unwrap();
+    let w1 = ProviderId::new("w1").unwrap();
+    let record = OwnedRegistration {
+        service: web.clone(),
+        provider: w1.clone(),
+        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
+        meta: Metadata::default(),
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
+    };
+    let resume = |owned: Vec<OwnedRegistration>| Resume {
+        owned,
+        drop_unowned: true,
+        ..Resume::default()
+    };
+    let t0 = 1_000_000;
+    let (mut a, _) = Node::with_resume(
+        me.clone(),
+        Replica::new(ReplicaId(1)),
+        Vec::<String>::new(),
+        config(),
+        5,
+        t0,
+        resume(vec![record.clone()]),
+    )
+    .unwrap();
+    let saved = a.replica().clone();
+    // The peer holds what was saved, then the update the node shipped before it crashed.
+    let mut b = Replica::new(ReplicaId(2));
+    b.apply(saved.state().clone(), t0);
+    a.register(
+        web.clone(),
+        w1.clone(),
+        Endpoint::new("10.0.0.2", 80).unwrap(),
+        Metadata::default(),
+        t0 + 1_000,
+    )
+    .unwrap();
+    b.apply(a.replica().state().clone(), t0 + 1_000);
+    // Restarted from what was saved, its floor past the update's counter.
+    let disk = Replica::from_state(ReplicaId(1), saved.state().clone(), a.replica().counter() + 10);
+    let (a, resumed) = Node::with_resume(
+        me,
+        disk,
+        Vec::<String>::new(),
+        config(),
+        5,
+        t0 + 2_000,
+        resume(vec![record]),
+    )
+    .unwrap();
+    assert_eq!(resumed.kept, 0, "kept after a crash");
+    b.apply(a.replica().state().clone(), t0 + 2_000);
+    let port = |r: &Replica| {
+        let i: Vec<_> = r
+            .instances(&web, t0 + 2_000)
+            .map(|i| i.registration.endpoint.to_string())
+            .collect();
+        i
+    };
+    assert_eq!(port(a.replica()), ["10.0.0.1:80"]);
+    assert_eq!(port(&b), ["10.0.0.1:80"], "the peer ends with what was saved");
 }
 
 #[test]

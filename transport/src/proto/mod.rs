@@ -165,10 +165,11 @@ pub struct Node {
     /// The crash-loop guard: one outbound connection, no rotation, the long backoff, no
     /// full state sent unasked.
     guarded: bool,
-    /// Whether the lease of the process before was still live when this one started: its
-    /// registrations are live at its peers, so those it holds as they are saved need not
-    /// be written again (see `Node::resume`).
-    lease_kept: bool,
+    /// Whether the registrations the replica holds as saved stand as they are (see
+    /// `Node::resume`): the lease of the process before was still live when this one
+    /// started (they are live at its peers), and its saved state holds every counter it
+    /// could have minted (it stopped; it did not crash with writes unsaved).
+    saved_stands: bool,
     /// Under the guard, no dial before this time (drawn at start within a third of the
     /// member lease): most launches of a tight crash loop end before they connect, while
     /// the last live process's lease still covers what it owns.
@@ -278,7 +279,7 @@ impl Node {
             stopping: false,
             synced: false,
             guarded: resume.crash_guard.is_some(),
-            lease_kept: false,
+            saved_stands: false,
             guard_dial_at: 0,
             leases_shipped: resume.leases_shipped,
             start_ctx: CausalContext::new(),
@@ -293,7 +294,7 @@ impl Node {
         if node.guarded {
             node.guard_dial_at = node.guarded_dial_at(time, now);
         }
-        node.lease_kept = node.own_lease_live(now);
+        node.saved_stands = node.own_lease_live(now) && node.replica.unclaimed_gap() == 0;
         node.register_membership(endpoint, meta, now)?;
         Ok((node, resume))
     }

@@ -19,11 +19,11 @@ impl Node {
     /// A node picking up where a previous process of it left off, before it talks to any
     /// peer (it dials only after): it takes back what that process knew of its peers
     /// (backoffs, so it dials no sooner than the old one would have), writes its own
-    /// registrations again (peers see an update, never a removal) unless the replica holds
-    /// them as saved under a lease still live (peers hold them too), removes registrations
-    /// it wrote but no longer owns (a removal lost in a crash), and claims the counters
-    /// between its saved state and its floor (`Replica::close_gap`) over every key it
-    /// could have written.
+    /// registrations again (peers see an update, never a removal) unless, after a stop
+    /// within its lease, the replica holds them as saved (peers hold them too), removes
+    /// registrations it wrote but no longer owns (a removal lost in a crash), and claims
+    /// the counters between its saved state and its floor (`Replica::close_gap`) over
+    /// every key it could have written.
     ///
     /// # Errors
     /// As [`Node::new`].
@@ -93,9 +93,13 @@ impl Node {
             service: o.service.clone(),
             provider: o.provider.clone(),
         }));
-        // Those the replica holds as saved, under a lease its peers still see, stay as
-        // they are: a restart owning 100,000 wrote them all again, and every peer took
-        // them in (an update of each, 120 MiB more resident at a peer for a while).
+        // After a stop within the lease, those the replica holds as saved stay as they
+        // are: a restart owning 100,000 wrote them all again, and every peer took them in
+        // (an update of each, 120 MiB more resident at a peer for a while). After a crash
+        // all are written: a write shipped and never saved (its counter in the gap) may
+        // hold the key at peers, and closing the gap removes it there; kept under its old
+        // dot, which peers saw removed, the registration would be here and nowhere else,
+        // with contexts equal, so no exchange would ever repair it.
         let (kept, mut owned): (Vec<_>, Vec<_>) =
             owned.into_iter().partition(|o| self.holds_as_saved(o, now));
         done.kept = kept.len();
@@ -145,8 +149,8 @@ impl Node {
         lease.is_some_and(|l| l.issued.millis() <= now.wall_ms && l.issued.millis() + l.ttl_ms > now.wall_ms)
     }
 
-    /// Whether the replica shows `o` as this node wrote it, live under the lease of the
-    /// process before, and not stamped ahead of `now` (a clock since set back: written
+    /// Whether the replica shows `o` as this node wrote it, when what was saved stands
+    /// (`saved_stands`), and not stamped ahead of `now` (a clock since set back: written
     /// again at the true time).
     fn holds_as_saved(&self, o: &OwnedRegistration, now: Now) -> bool {
         let key = RegKey {
@@ -157,7 +161,7 @@ impl Node {
             return false;
         };
         let r = i.registration;
-        self.lease_kept
+        self.saved_stands
             && i.node() == self.me.id
             && !i.unreachable
             && r.written.millis() <= now.wall_ms

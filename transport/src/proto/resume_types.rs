@@ -67,8 +67,8 @@ pub struct PeerMemory {
 pub struct Resumed {
     /// Own registrations written again.
     pub rewritten: usize,
-    /// Own registrations the replica held as they were saved, under a lease still live:
-    /// not written again.
+    /// Own registrations the replica held as they were saved, after a stop (not a crash)
+    /// within the lease: not written again.
     pub kept: usize,
     /// Own registrations that could not be written again (a limit changed); skipped.
     pub refused: usize,
