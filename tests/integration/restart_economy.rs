@@ -24,6 +24,28 @@ fn config() -> Config {
     }
 }
 
+/// Node 1, "a", as the tests that resume it name it.
+fn node_a() -> NodeInfo {
+    NodeInfo {
+        id: ReplicaId(1),
+        name: "a".into(),
+        url: url(1),
+        zone: Default::default(),
+    }
+}
+
+/// Instance `id` of `service` owned at 10.0.0.1:`port`, passing, registered at 1 ms.
+fn owned(service: &ServiceName, id: &str, port: u16) -> OwnedRegistration {
+    OwnedRegistration {
+        service: service.clone(),
+        provider: ProviderId::new(id).unwrap(),
+        endpoint: Endpoint::new("10.0.0.1", port).unwrap(),
+        meta: Metadata::default(),
+        status: roster_registry::Status::passing(),
+        since_ms: 1,
+    }
+}
+
 /// Runs in half-second steps until every running replica holds the same state.
 fn settle(sim: &mut Sim, limit_ms: u64) -> bool {
     let mut waited = 0;
@@ -209,19 +231,10 @@ fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
             ahead,
         )
         .unwrap();
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let owned = OwnedRegistration {
-        service: web.clone(),
-        provider: p.clone(),
         endpoint: ep,
-        meta: Metadata::default(),
-        status: roster_registry::Status::passing(),
-        since_ms: 1,
+        ..owned(&web, p.as_str(), 80)
     };
     let resume = Resume {
         owned: vec![owned],
@@ -270,12 +283,7 @@ fn a_node_restarted_at_the_true_time_keeps_no_lease_of_its_own_from_the_future()
             .is_some_and(|l| l.issued > Hlc::new(now, u16::MAX)),
         "the lease outlives the deregistration"
     );
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let resume = Resume {
         drop_unowned: true,
         ..Resume::default()
@@ -314,12 +322,7 @@ fn a_node_killed_after_acknowledging_a_delta_it_had_not_saved_gets_it_after_its_
 
 /// Node 1 with one seed (machine 0), started at 1,000,000 ms from `resume`.
 fn seeded_node(resume: Resume) -> Node {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     Node::with_resume(
         me,
         Replica::new(ReplicaId(1)),
@@ -374,12 +377,7 @@ fn seed_dials(node: &mut Node) -> u32 {
 
 #[test]
 fn a_new_process_does_not_dial_sooner_than_the_old_one_would_have() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let start = |resume: Resume| seed_dials(&mut seeded_node(resume));
     assert_eq!(
         start(Resume::default()),
@@ -632,12 +630,7 @@ fn a_node_that_may_not_dial_never_dials_by_any_path() {
 
 #[test]
 fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_one_connection() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let cfg = config();
     let t0 = 1_000_000;
     // The previous process renewed its membership at t0, then crashed.
@@ -699,20 +692,11 @@ fn under_the_crash_guard_a_launch_waits_until_its_lease_needs_it_and_keeps_to_on
 
 #[test]
 fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let bulk = ServiceName::new("bulk").unwrap();
     let item = |i: usize, meta: Metadata| OwnedRegistration {
-        service: bulk.clone(),
-        provider: ProviderId::new(&format!("b{i}")).unwrap(),
-        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
         meta,
-        status: roster_registry::Status::passing(),
-        since_ms: 1,
+        ..owned(&bulk, &format!("b{i}"), 80)
     };
     const OWNED: usize = 25_000;
     let mut owned: Vec<OwnedRegistration> = (0..OWNED).map(|i| item(i, Metadata::default())).collect();
@@ -747,21 +731,9 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
 /// crash loop too. Once the lease has ended (peers may have swept them), all are written.
 #[test]
 fn a_node_resuming_within_its_lease_writes_again_only_what_changed() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let web = ServiceName::new("web").unwrap();
-    let item = |i: usize, port: u16| OwnedRegistration {
-        service: web.clone(),
-        provider: ProviderId::new(&format!("w{i}")).unwrap(),
-        endpoint: Endpoint::new("10.0.0.1", port).unwrap(),
-        meta: Metadata::default(),
-        status: roster_registry::Status::passing(),
-        since_ms: 1,
-    };
+    let item = |i: usize, port: u16| owned(&web, &format!("w{i}"), port);
     let saved: Vec<OwnedRegistration> = (0..100).map(|i| item(i, 80)).collect();
     let start = |replica: Replica, owned: Vec<OwnedRegistration>, at: u64| {
         let resume = Resume {
@@ -808,22 +780,10 @@ fn a_node_resuming_within_its_lease_writes_again_only_what_changed() {
 /// removed the update's) and stayed at the node alone.
 #[test]
 fn after_a_crash_an_update_never_saved_is_replaced_at_peers_by_what_was_saved() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let web = ServiceName::new("web").unwrap();
     let w1 = ProviderId::new("w1").unwrap();
-    let record = OwnedRegistration {
-        service: web.clone(),
-        provider: w1.clone(),
-        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
-        meta: Metadata::default(),
-        status: roster_registry::Status::passing(),
-        since_ms: 1,
-    };
+    let record = owned(&web, w1.as_str(), 80);
     let resume = |owned: Vec<OwnedRegistration>| Resume {
         owned,
         drop_unowned: true,
@@ -880,21 +840,9 @@ fn after_a_crash_an_update_never_saved_is_replaced_at_peers_by_what_was_saved() 
 
 #[test]
 fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
-    let me = NodeInfo {
-        id: ReplicaId(1),
-        name: "a".into(),
-        url: url(1),
-        zone: Default::default(),
-    };
+    let me = node_a();
     let web = ServiceName::new("web").unwrap();
-    let owned = vec![OwnedRegistration {
-        service: web.clone(),
-        provider: ProviderId::new("w1").unwrap(),
-        endpoint: Endpoint::new("10.0.0.1", 80).unwrap(),
-        meta: Metadata::default(),
-        status: roster_registry::Status::passing(),
-        since_ms: 1,
-    }];
+    let owned = vec![owned(&web, "w1", 80)];
     let t0 = 1_000_000;
     let resume = || Resume {
         owned: owned.clone(),
