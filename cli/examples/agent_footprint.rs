@@ -28,6 +28,9 @@
 
 #![allow(clippy::unwrap_used)] // fixed, valid inputs: a failure is a bug in the benchmark
 
+#[path = "common/proc.rs"]
+mod proc;
+
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -176,19 +179,6 @@ fn settle(agent: &mut Agent, secs: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// `VmRSS` and `VmHWM` of a process, in KiB.
-fn memory_kib(pid: u32) -> Result<(u64, u64), String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// The members `roster members --json` lists, counted by state (`alive 10001, ...`).
 fn listed(roster: &Path, port: u16) -> Result<String, String> {
     let out = Command::new(roster)
@@ -233,7 +223,7 @@ fn measure(args: &Args, n: u64, dir: &Path) -> Result<Measured, String> {
     let mut agent = start(&args.roster, &data, &dir.join("agent.log"))?;
     settle(&mut agent, args.settle)?;
     // Memory first: the members' listing costs the agent memory of its own.
-    let (rss_kib, hwm_kib) = memory_kib(agent.child.id())?;
+    let (rss_kib, hwm_kib) = proc::memory_kib(agent.child.id()).map_err(|e| e.to_string())?;
     let listed = listed(&args.roster, agent.port)?;
     drop(agent);
     Ok(Measured {

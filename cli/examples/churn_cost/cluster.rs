@@ -2,7 +2,7 @@
 //! and what `/proc` and the agents' status say about them.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,19 +10,6 @@ use roster::api::{Request, ServerMessage};
 use roster::client::Client;
 
 use crate::Error;
-
-/// The `roster` release binary, beside the directory of this example's binary.
-pub fn roster_binary() -> Result<PathBuf, Error> {
-    let exe = std::env::current_exe()?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("roster"))
-        .filter(|p| p.is_file());
-    bin.ok_or_else(|| {
-        "no roster binary beside this example; run `cargo build --release -p roster` first".into()
-    })
-}
 
 /// One agent process. Dropping it kills the process and waits for it.
 pub struct Agent {
@@ -144,18 +131,6 @@ pub async fn bytes_sent(agent: &Agent) -> Result<u64, Error> {
     }
 }
 
-/// CPU seconds (user and system) the process used since it started.
-pub fn cpu_seconds(pid: u32, ticks_per_s: f64) -> Result<f64, Error> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name, in parentheses, may hold spaces: count fields after it.
-    let rest = stat.rsplit_once(')').ok_or("a malformed /proc stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks =
-        |i: usize| -> Result<f64, Error> { Ok(fields.get(i).ok_or("a short /proc stat")?.parse::<f64>()?) };
-    // Fields 14 and 15 of stat(5) (utime, stime); the state, field 3, is index 0 here.
-    Ok((ticks(11)? + ticks(12)?) / ticks_per_s)
-}
-
 /// The process's resident memory (`VmRSS`), in MiB.
 pub fn rss_mib(pid: u32) -> Result<f64, Error> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -169,15 +144,4 @@ pub fn rss_mib(pid: u32) -> Result<f64, Error> {
         .ok_or("a bad VmRSS line")?
         .parse()?;
     Ok(kib / 1024.0)
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`; 100 if that fails).
-pub fn ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }

@@ -61,13 +61,16 @@ mod cluster;
 mod counters;
 mod drive;
 mod item;
+#[path = "../common/proc.rs"]
+mod proc;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cluster::{bytes_sent, cpu_seconds, roster_binary, rss_mib, ticks_per_second, Cluster};
+use cluster::{bytes_sent, rss_mib, Cluster};
 use counters::{context_switches, rw_syscalls, SyscallCount};
 use drive::{drive, lags, preload, quantile, settle, watch_all, watch_others, Load, Sent, Sightings};
+use proc::{cpu_seconds, roster_binary, ticks_per_second};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

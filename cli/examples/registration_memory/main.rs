@@ -54,12 +54,15 @@
 
 mod agent;
 mod cli;
+#[path = "../common/proc.rs"]
+mod proc;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent::{cpu_seconds, memory_kib, quiet, roster_binary, Agent};
+use agent::{cpu_seconds, quiet, Agent};
 use cli::{hold, met, register_file, service, watch_lines, watched, write_registrations};
+use proc::{memory_kib, roster_binary};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
