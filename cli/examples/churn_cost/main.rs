@@ -384,16 +384,9 @@ async fn max_rate(bin: &Path, args: &Args, ticks: f64) -> Result<(), Error> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // Interrupted or terminated: the run is dropped, and with it the agents (killed, reaped).
-    let stopped = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
-        }
-    };
     let result = tokio::select! {
         r = run() => r,
-        r = stopped => r.map_err(Error::from).and(Err("interrupted".into())),
+        r = proc::stopped() => r.map_err(Error::from).and(Err("interrupted".into())),
     };
     if let Err(e) = result {
         eprintln!("churn_cost: {e}");

@@ -60,3 +60,13 @@ pub fn ticks_per_second() -> f64 {
             .unwrap_or(100.0)
     })
 }
+
+/// Resolves when the example is interrupted (Ctrl-C) or terminated (SIGTERM): a `main`
+/// that selects on it drops its run, and with it every process it started.
+pub async fn stopped() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}

@@ -292,16 +292,9 @@ async fn run() -> Result<(), Error> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     // Interrupted or terminated: the run is dropped, and with it every process (killed, reaped).
-    let stopped = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
-        }
-    };
     let result = tokio::select! {
         r = run() => r,
-        r = stopped => r.map_err(Error::from).and(Err("interrupted".into())),
+        r = proc::stopped() => r.map_err(Error::from).and(Err("interrupted".into())),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
