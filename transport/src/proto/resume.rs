@@ -100,8 +100,10 @@ impl Node {
         // hold the key at peers, and closing the gap removes it there; kept under its old
         // dot, which peers saw removed, the registration would be here and nowhere else,
         // with contexts equal, so no exchange would ever repair it.
-        let (kept, mut owned): (Vec<_>, Vec<_>) =
-            owned.into_iter().partition(|o| self.holds_as_saved(o, now));
+        let (kept, mut owned): (Vec<_>, Vec<_>) = match self.saved_stands {
+            true => owned.into_iter().partition(|o| self.holds_as_saved(o, now)),
+            false => (Vec::new(), owned),
+        };
         done.kept = kept.len();
         for o in kept {
             self.own(o);
@@ -142,16 +144,16 @@ impl Node {
         done
     }
 
-    /// Whether this node's lease, as the replica holds it, is live at `now`: issued by
-    /// then, not yet ended.
+    /// Whether this node's lease, as the replica holds it, is live at `now` and was
+    /// issued by then (not by a clock that ran ahead).
     pub(super) fn own_lease_live(&self, now: Now) -> bool {
         let lease = self.replica.lease_of(self.me.id);
-        lease.is_some_and(|l| l.issued.millis() <= now.wall_ms && l.issued.millis() + l.ttl_ms > now.wall_ms)
+        lease.is_some_and(|l| l.issued.millis() <= now.wall_ms && l.is_live(now.wall_ms))
     }
 
-    /// Whether the replica shows `o` as this node wrote it, when what was saved stands
-    /// (`saved_stands`), and not stamped ahead of `now` (a clock since set back: written
-    /// again at the true time).
+    /// Whether the replica shows `o` as this node wrote it, and not stamped ahead of `now`
+    /// (a clock since set back: written again at the true time). Asked only when what was
+    /// saved stands (`saved_stands`).
     fn holds_as_saved(&self, o: &OwnedRegistration, now: Now) -> bool {
         let key = RegKey {
             service: o.service.clone(),
@@ -161,8 +163,7 @@ impl Node {
             return false;
         };
         let r = i.registration;
-        self.saved_stands
-            && i.node() == self.me.id
+        i.node() == self.me.id
             && !i.unreachable
             && r.written.millis() <= now.wall_ms
             && (&r.endpoint, &r.meta, &r.status, r.since_ms) == (&o.endpoint, &o.meta, &o.status, o.since_ms)
