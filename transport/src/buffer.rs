@@ -21,9 +21,10 @@ use roster_registry::{CausalContext, ReplicaId, State};
 
 use crate::message::{ChangeId, Tagged};
 
-/// The bytes of encoded deltas past which those every peer holds go (the newest stays): a bulk load of 100,000 registrations came in deltas of 850 KB each, and the
-/// buffer held ten of them (85 bytes a registration at every node) long after every peer
-/// had them. About 7,000 deltas of one registration fit, so the bound binds only on bulk.
+/// The bytes of encoded deltas past which those every peer holds go (the newest stays):
+/// a bulk load of 100,000 registrations came in deltas of 850 KB each, and the buffer
+/// held ten of them (85 bytes a registration at every node) long after every peer had
+/// them. About 7,000 deltas of one registration fit, so the bound binds only on bulk.
 pub const MAX_BYTES: usize = 1 << 20;
 
 /// The most peers recorded as holding one buffered delta (a node has a few links).
