@@ -32,6 +32,7 @@ mod group_tests;
 mod health;
 #[cfg(test)]
 mod health_tests;
+mod held;
 mod inspect;
 mod metrics;
 mod near;
@@ -141,7 +142,7 @@ pub(crate) struct Inner {
     launches_recent: u64,
     guarded: std::sync::atomic::AtomicBool,
     /// Own registrations by store key; the lock orders writes (disk, then the node).
-    owned: Mutex<BTreeMap<String, OwnedRecord>>,
+    owned: Mutex<BTreeMap<String, held::Held>>,
     /// No own registration's `ttl` passes before this (wall ms): the TTL keeper reads
     /// `owned` only once it has come. Lowered, under `owned`'s lock, by every record
     /// put in it; 0 until the keeper first looked.

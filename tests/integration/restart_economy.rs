@@ -6,6 +6,8 @@
 //!
 //! Simulations print their seed; `ROSTER_SEED=N` replays one.
 
+use std::sync::Arc;
+
 use roster_registry::{codec, Bounds, Endpoint, Hlc, Metadata, ProviderId, Replica, ReplicaId, ServiceName};
 use roster_transport::backoff::{Backoff, Failure};
 use roster_transport::proto::{
@@ -237,7 +239,7 @@ fn a_node_whose_history_is_stamped_ahead_resumes_at_the_true_time() {
         ..owned(&web, p.as_str(), 80)
     };
     let resume = Resume {
-        owned: vec![owned],
+        owned: vec![Arc::new(owned)],
         drop_unowned: true,
         ..Resume::default()
     };
@@ -711,7 +713,7 @@ fn a_node_resuming_with_many_registrations_writes_them_again_in_a_few_deltas() {
         5,
         t0,
         Resume {
-            owned,
+            owned: owned.into_iter().map(Arc::new).collect(),
             drop_unowned: true,
             ..Resume::default()
         },
@@ -737,7 +739,7 @@ fn a_node_resuming_within_its_lease_writes_again_only_what_changed() {
     let saved: Vec<OwnedRegistration> = (0..100).map(|i| item(i, 80)).collect();
     let start = |replica: Replica, owned: Vec<OwnedRegistration>, at: u64| {
         let resume = Resume {
-            owned,
+            owned: owned.into_iter().map(Arc::new).collect(),
             drop_unowned: true,
             ..Resume::default()
         };
@@ -785,7 +787,7 @@ fn after_a_crash_an_update_never_saved_is_replaced_at_peers_by_what_was_saved() 
     let w1 = ProviderId::new("w1").unwrap();
     let record = owned(&web, w1.as_str(), 80);
     let resume = |owned: Vec<OwnedRegistration>| Resume {
-        owned,
+        owned: owned.into_iter().map(Arc::new).collect(),
         drop_unowned: true,
         ..Resume::default()
     };
@@ -845,7 +847,7 @@ fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
     let owned = vec![owned(&web, "w1", 80)];
     let t0 = 1_000_000;
     let resume = || Resume {
-        owned: owned.clone(),
+        owned: owned.iter().cloned().map(Arc::new).collect(),
         drop_unowned: true,
         ..Resume::default()
     };

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::held::Held;
 use super::{Error, Node, Registration, Service};
 use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
 
@@ -30,13 +31,13 @@ impl Node {
     /// instance id given twice; [`Error::OwnedElsewhere`] (also naming the item);
     /// [`Error::Store`]; [`Error::Stopped`]. Nothing changed: none is registered.
     pub async fn register_many(&self, services: Vec<Service>) -> Result<Vec<Registration>, Error> {
-        let recs = self.put_many(services).await?;
-        Ok(recs
+        let ids = self.put_many(services).await?;
+        Ok(ids
             .into_iter()
-            .map(|r| Registration {
+            .map(|(service, instance)| Registration {
                 node: self.clone(),
-                service: r.service,
-                instance: r.instance,
+                service,
+                instance,
                 armed: true,
             })
             .collect())
@@ -48,16 +49,16 @@ impl Node {
     /// # Errors
     /// As [`Node::register_many`].
     pub async fn register_many_owned(&self, services: Vec<Service>) -> Result<Vec<String>, Error> {
-        let recs = self.put_many(services).await?;
-        Ok(recs.into_iter().map(|r| r.instance).collect())
+        let ids = self.put_many(services).await?;
+        Ok(ids.into_iter().map(|(_, instance)| instance).collect())
     }
 
     /// Checks every item, then saves the records with a counter floor above every dot the
     /// batch may mint, then writes the replica. (A single `register` writes the replica
     /// first and reserves the floor after; a batch mints more dots than the reserve, so a
     /// crash between the two could leave dots minted above the floor on disk, and the
-    /// restarted node would mint them again.)
-    async fn put_many(&self, services: Vec<Service>) -> Result<Vec<OwnedRecord>, Error> {
+    /// restarted node would mint them again.) Returns each (service, instance id).
+    async fn put_many(&self, services: Vec<Service>) -> Result<Vec<(String, String)>, Error> {
         let recs = self.records(&services)?;
         let mut owned = self.inner.owned.lock().await;
         let recs: Vec<OwnedRecord> = recs
@@ -70,7 +71,7 @@ impl Node {
         let regs = recs
             .iter()
             .enumerate()
-            .map(|(i, r)| r.registration().map_err(|e| item_error(i, e)))
+            .map(|(i, r)| r.registration().map(Arc::new).map_err(|e| item_error(i, e)))
             .collect::<Result<Vec<_>, Error>>()?;
         if self.is_stopped() {
             return Err(Error::Stopped);
@@ -91,26 +92,30 @@ impl Node {
             let floor = self.inner.handle.replica().counter() + minted + COUNTER_RESERVE;
             write(store, recs.clone(), Vec::new(), Some(floor)).await?;
         }
-        if let Err(e) = self.inner.handle.register_many(regs).await {
+        if let Err(e) = self.inner.handle.register_many(regs.clone()).await {
             if let Some(store) = &store {
                 // Not in the replica: not registered. Put back what the store had.
                 let (previous, fresh): (Vec<_>, Vec<_>) =
                     recs.iter().partition(|r| owned.contains_key(&r.key()));
                 let previous = previous
                     .iter()
-                    .filter_map(|r| owned.get(&r.key()).cloned())
+                    .filter_map(|r| owned.get(&r.key()))
+                    .map(|held| held.record(self.inner.lease_ttl_ms))
                     .collect();
                 let fresh = fresh.iter().map(|r| r.key()).collect();
                 let _ = write(store, previous, fresh, None).await;
             }
             return Err(e.into());
         }
-        for r in &recs {
-            self.run_checks(r);
-            self.note_ttl(r);
-            owned.insert(r.key(), r.clone());
+        let mut ids = Vec::with_capacity(recs.len());
+        for (r, reg) in recs.into_iter().zip(regs) {
+            let key = r.key();
+            self.run_checks(&key, &r.checks, r.status.health);
+            self.note_ttl(r.expires_at_ms);
+            ids.push((r.service.clone(), r.instance.clone()));
+            owned.insert(key, Held::new(r, reg));
         }
-        Ok(recs)
+        Ok(ids)
     }
 
     /// The records of a batch, each checked as `register` checks one, and no key twice.

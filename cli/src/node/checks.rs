@@ -21,7 +21,6 @@ use tracing::{info, warn};
 use super::metrics::CheckLabels;
 use super::{Error, Node};
 use crate::check::{worst, Check, Outcome, Probe, Tally};
-use crate::store::OwnedRecord;
 use roster_transport::driver::ClientTls;
 
 /// The checks of one instance, running.
@@ -43,27 +42,27 @@ impl Drop for Running {
 pub(crate) type Checks = std::sync::Mutex<BTreeMap<String, Running>>;
 
 impl Node {
-    /// Runs the checks of `rec` (stopping those it ran before, unless they are the same),
-    /// or stops them when it has none.
-    pub(super) fn run_checks(&self, rec: &OwnedRecord) {
+    /// Runs the `checks` of the owned instance `key`, whose checks last judged it
+    /// `health` (stopping those it ran before, unless they are the same), or stops them
+    /// when it has none.
+    pub(super) fn run_checks(&self, key: &str, checks: &[Check], health: Health) {
         let mut running = self
             .inner
             .checks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = rec.key();
-        if rec.checks.is_empty() {
-            running.remove(&key);
+        if checks.is_empty() {
+            running.remove(key);
             return;
         }
-        if running.get(&key).is_some_and(|r| r.checks == rec.checks) {
+        if running.get(key).is_some_and(|r| r.checks == checks) {
             return;
         }
         let cancel = self.inner.cancel.child_token();
         let (passes, _) = watch::channel(Instant::now());
         let passes = Arc::new(passes);
         let (tx, rx) = mpsc::channel(16);
-        for (i, check) in rec.checks.iter().enumerate() {
+        for (i, check) in checks.iter().enumerate() {
             let feed = Feed {
                 index: i,
                 check: check.clone(),
@@ -78,12 +77,12 @@ impl Node {
             };
         }
         let node = self.clone();
-        let judge = Judge::new(key.clone(), rec.checks.clone(), rec.status.health);
+        let judge = Judge::new(key.to_string(), checks.to_vec(), health);
         self.inner.tasks.spawn(judge.run(node, rx, cancel.clone()));
         running.insert(
-            key,
+            key.to_string(),
             Running {
-                checks: rec.checks.clone(),
+                checks: checks.to_vec(),
                 cancel,
                 passes,
             },

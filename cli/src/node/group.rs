@@ -16,6 +16,7 @@ use roster_transport::driver::DriverError;
 use roster_transport::proto::OwnedRegistration;
 use tokio::sync::oneshot;
 
+use super::held::Held;
 use super::{Error, Node, Service};
 use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
 
@@ -52,7 +53,7 @@ struct Queued {
 /// One registration admitted into a group.
 struct Admitted {
     rec: OwnedRecord,
-    reg: OwnedRegistration,
+    reg: Arc<OwnedRegistration>,
     reply: Reply,
 }
 
@@ -165,16 +166,17 @@ impl Node {
             }
         }
         for a in admitted {
-            self.run_checks(&a.rec);
-            self.note_ttl(&a.rec);
-            owned.insert(a.rec.key(), a.rec);
+            let key = a.rec.key();
+            self.run_checks(&key, &a.rec.checks, a.rec.status.health);
+            self.note_ttl(a.rec.expires_at_ms);
+            owned.insert(key, Held::new(a.rec, a.reg));
             let _ = a.reply.send(Ok(()));
         }
     }
 
     /// The checks of one registration, made under the lock that orders writes.
-    fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<OwnedRegistration, Error> {
-        let reg = rec.registration().map_err(Error::Invalid)?;
+    fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<Arc<OwnedRegistration>, Error> {
+        let reg = Arc::new(rec.registration().map_err(Error::Invalid)?);
         if self.is_stopped() {
             return Err(Error::Stopped);
         }
@@ -220,10 +222,10 @@ impl Node {
 
     /// Puts back into the replica what the disk has for the instance of `reg` (after a
     /// failed commit): its `previous` record, or nothing.
-    async fn restore(&self, previous: Option<&OwnedRecord>, reg: &OwnedRegistration) {
+    async fn restore(&self, previous: Option<&Held>, reg: &OwnedRegistration) {
         let handle = &self.inner.handle;
-        let _ = match previous.and_then(|p| p.registration().ok()) {
-            Some(r) => handle.register_many(vec![r]).await,
+        let _ = match previous {
+            Some(p) => handle.register_many(vec![Arc::clone(&p.reg)]).await,
             None => handle
                 .deregister(reg.service.clone(), reg.provider.clone())
                 .await
@@ -235,8 +237,8 @@ impl Node {
 /// A new registration of an instance the node already owns keeps what the node knows of
 /// it: when it was first registered, its maintenance, and the status its checks decided
 /// (when they are the same checks). Registering again is an update, not a new instance.
-pub(super) fn carry_over(mut rec: OwnedRecord, before: &OwnedRecord) -> OwnedRecord {
-    rec.registered_at_ms = before.registered_at_ms;
+pub(super) fn carry_over(mut rec: OwnedRecord, before: &Held) -> OwnedRecord {
+    rec.registered_at_ms = before.reg.since_ms;
     rec.maintenance.clone_from(&before.maintenance);
     if rec.checks == before.checks {
         rec.status.clone_from(&before.status);

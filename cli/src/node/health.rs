@@ -27,14 +27,15 @@ impl Node {
         }
         let targets: Vec<OwnedRecord> = {
             let owned = self.inner.owned.lock().await;
+            let ttl = self.inner.lease_ttl_ms;
             match instance {
                 Some((service, id)) => {
-                    let rec = owned.get(&format!("{service}/{id}")).ok_or_else(|| {
+                    let held = owned.get(&format!("{service}/{id}")).ok_or_else(|| {
                         Error::NotFound(format!("this node owns no instance {id:?} of {service:?}"))
                     })?;
-                    vec![rec.clone()]
+                    vec![held.record(ttl)]
                 }
-                None => owned.values().cloned().collect(),
+                None => owned.values().map(|h| h.record(ttl)).collect(),
             }
         };
         // Queued together, so the group commit writes them a few dozen to a transaction
@@ -62,7 +63,7 @@ impl Node {
         let rec = {
             let owned = self.inner.owned.lock().await;
             match owned.get(key) {
-                Some(rec) if rec.status != status => rec.clone(),
+                Some(held) if held.status != status => held.record(self.inner.lease_ttl_ms),
                 _ => return Ok(()),
             }
         };

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{now_ms, Inner, Node};
-use crate::store::{OwnedRecord, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// How often what the node knows of its peers (backoffs) is compared with what was saved.
 const MEMORY_CHECK: Duration = Duration::from_millis(250);
@@ -160,8 +160,8 @@ pub(super) async fn warn_unsynced(handle: Handle, seeds: Vec<String>, cancel: Ca
 
 impl Node {
     /// Notes the `ttl` of a record about to be put in `owned` (call it under its lock).
-    pub(super) fn note_ttl(&self, rec: &OwnedRecord) {
-        if let Some(t) = rec.expires_at_ms {
+    pub(super) fn note_ttl(&self, expires_at_ms: Option<u64>) {
+        if let Some(t) = expires_at_ms {
             self.inner.ttl_due.fetch_min(t, Ordering::Relaxed);
         }
     }
@@ -178,7 +178,7 @@ impl Node {
         let mut passed = Vec::new();
         for r in owned.values() {
             match r.expires_at_ms {
-                Some(t) if t <= now => passed.push((r.service.clone(), r.instance.clone())),
+                Some(t) if t <= now => passed.push((r.reg.service.to_string(), r.reg.provider.to_string())),
                 Some(t) => next = next.min(t),
                 None => {}
             }

@@ -197,7 +197,10 @@ impl Handle {
     /// # Errors
     /// [`DriverError::InvalidItem`] naming the first item whose metadata break a limit, or
     /// [`DriverError::Stopped`]; nothing changed either way.
-    pub async fn register_many(&self, items: Vec<proto::OwnedRegistration>) -> Result<(), DriverError> {
+    pub async fn register_many(
+        &self,
+        items: Vec<std::sync::Arc<proto::OwnedRegistration>>,
+    ) -> Result<(), DriverError> {
         let (reply, answer) = oneshot::channel();
         self.ask(Command::RegisterMany { items, reply }, answer).await?
     }

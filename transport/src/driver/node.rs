@@ -42,7 +42,7 @@ pub(super) enum Command {
         reply: oneshot::Sender<Result<(), DriverError>>,
     },
     RegisterMany {
-        items: Vec<crate::proto::OwnedRegistration>,
+        items: Vec<std::sync::Arc<crate::proto::OwnedRegistration>>,
         reply: oneshot::Sender<Result<(), DriverError>>,
     },
     Deregister {

@@ -1,5 +1,7 @@
 //! Writes in bulk: many owned registrations in one delta (one push, one snapshot).
 
+use std::sync::Arc;
+
 use roster_registry::InvalidInput;
 
 use super::{Node, Now, Owned, OwnedRegistration};
@@ -12,13 +14,15 @@ impl Node {
     /// The index of the first item whose metadata break a limit, with why; nothing changes.
     pub fn register_many(
         &mut self,
-        items: Vec<OwnedRegistration>,
+        items: Vec<impl Into<Arc<OwnedRegistration>>>,
         now: impl Into<Now>,
     ) -> Result<(), (usize, InvalidInput)> {
         let now = self.time.input(now.into());
         let stamp = self.clock.tick(now.wall_ms);
         let ttl_ms = self.lease_ttl(now.wall_ms);
-        let applied = self.replica.register_many(items.clone(), ttl_ms, stamp)?;
+        let items: Vec<Arc<OwnedRegistration>> = items.into_iter().map(Into::into).collect();
+        let writes = items.iter().map(|o| OwnedRegistration::clone(o)).collect();
+        let applied = self.replica.register_many(writes, ttl_ms, stamp)?;
         for o in items {
             self.own(o);
         }
@@ -29,15 +33,13 @@ impl Node {
     }
 
     /// Takes `o` as owned: kept alive, and written again if a peer's sweep removes it.
-    pub(super) fn own(&mut self, o: OwnedRegistration) {
+    pub(super) fn own(&mut self, reg: Arc<OwnedRegistration>) {
+        let key = (reg.service.clone(), reg.provider.clone());
         let owned = Owned {
-            endpoint: o.endpoint,
-            meta: o.meta,
-            status: o.status,
-            since_ms: o.since_ms,
+            reg,
             overwrite_repaired_at: None,
         };
-        self.owned.insert((o.service, o.provider), owned);
+        self.owned.insert(key, owned);
     }
 }
 

@@ -1,6 +1,8 @@
 //! Registrations this node owns: writing and removing them, writing them again when a
 //! peer's sweep or another node's write takes them, and renewing the lease they live by.
 
+use std::sync::Arc;
+
 use rand::RngExt;
 use roster_registry::{
     Change, Endpoint, InvalidInput, Metadata, NewRegistration, ProviderId, ServiceName, State, Status,
@@ -11,10 +13,9 @@ use super::{member_provider, members_service, Node, Now, Output, OwnedRegistrati
 /// One registration this node owns and keeps alive.
 #[derive(Debug, Clone)]
 pub(super) struct Owned {
-    pub(super) endpoint: Endpoint,
-    pub(super) meta: Metadata,
-    pub(super) status: Status,
-    pub(super) since_ms: u64,
+    /// What it writes: shared with whoever handed it over (an agent keeps the same one for
+    /// its own records), so an owner holds one copy besides the replica's.
+    pub(super) reg: Arc<OwnedRegistration>,
     /// When an overwrite of it by another node was last repaired (monotonic ms).
     pub(super) overwrite_repaired_at: Option<u64>,
 }
@@ -45,7 +46,7 @@ impl Node {
             .owned
             .get(&key)
             .map_or((Status::passing(), now.wall_ms), |o| {
-                (o.status.clone(), o.since_ms)
+                (o.reg.status.clone(), o.reg.since_ms)
             });
         let item = OwnedRegistration {
             service: key.0,
@@ -55,7 +56,7 @@ impl Node {
             status,
             since_ms,
         };
-        self.register_many(vec![item], now).map_err(|(_, e)| e)
+        self.register_many(vec![Arc::new(item)], now).map_err(|(_, e)| e)
     }
 
     /// Removes an instance this node owns. Returns whether there was one.
@@ -132,10 +133,7 @@ impl Node {
             let item = NewRegistration {
                 service: s,
                 provider: p,
-                endpoint: o.endpoint,
-                meta: o.meta,
-                status: o.status,
-                since_ms: o.since_ms,
+                ..OwnedRegistration::clone(&o.reg)
             };
             if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
                 self.buffer_own(applied.delta, now);

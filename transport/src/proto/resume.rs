@@ -1,6 +1,7 @@
 //! Resuming from what the previous process saved, and what this one saves for the next.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use roster_registry::{validate_metadata, InvalidInput, ProviderId, RegKey, Replica, ServiceName};
 
@@ -109,7 +110,7 @@ impl Node {
             self.own(o);
         }
         while !owned.is_empty() {
-            let batch: Vec<OwnedRegistration> = owned.drain(..owned.len().min(RESUME_BATCH)).collect();
+            let batch: Vec<Arc<OwnedRegistration>> = owned.drain(..owned.len().min(RESUME_BATCH)).collect();
             let n = batch.len();
             match self.register_many(batch, now) {
                 Ok(()) => done.rewritten += n,

@@ -1,6 +1,8 @@
 //! What a node carries across restarts: what it resumes from, what it saves for the next
 //! process, and what it reports of its peers.
 
+use std::sync::Arc;
+
 use roster_registry::{NewRegistration, RegKey, ReplicaId};
 
 use crate::backoff::Backoff;
@@ -14,8 +16,8 @@ pub type OwnedRegistration = NewRegistration;
 /// stopped (see [`super::Node::finish_resume`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resume {
-    /// The registrations it owns.
-    pub owned: Vec<OwnedRegistration>,
+    /// The registrations it owns (shared: the node keeps these, not copies).
+    pub owned: Vec<Arc<OwnedRegistration>>,
     /// Keys it owned lately and removed: a removal lost in a crash is redone.
     pub removed: Vec<RegKey>,
     /// Whether `owned` is the whole truth: registrations in the replica written by this

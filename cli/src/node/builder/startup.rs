@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use super::{secret_weakness, NodeBuilder, STRONG_SECRET_LEN};
 use crate::node::checks;
+use crate::node::held::Held;
 use crate::node::tasks::{saver, ttl_keeper, warn_unsynced};
 use crate::node::{millis, now_ms, Error, Inner, Node, CLIENT_QUEUE};
 use crate::store::{OwnedRecord, Store};
@@ -263,7 +264,7 @@ impl NodeBuilder {
     }
 
     /// What the protocol resumes, and the own registrations by key.
-    fn resume(&self, disk: &Disk, guard: Option<CrashGuard>) -> (Resume, BTreeMap<String, OwnedRecord>) {
+    fn resume(&self, disk: &Disk, guard: Option<CrashGuard>) -> (Resume, BTreeMap<String, Held>) {
         let mut resume = Resume {
             owned: Vec::new(),
             removed: disk.removed.clone(),
@@ -281,8 +282,9 @@ impl NodeBuilder {
             rec.lease_ttl_ms = millis(self.lease_ttl);
             match rec.registration() {
                 Ok(reg) => {
-                    resume.owned.push(reg);
-                    owned.insert(rec.key(), rec);
+                    let reg = Arc::new(reg);
+                    resume.owned.push(Arc::clone(&reg));
+                    owned.insert(rec.key(), Held::new(rec, reg));
                 }
                 Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
             }
@@ -320,8 +322,8 @@ impl NodeBuilder {
         clients: mpsc::Receiver<crate::transport::driver::ClientConn>,
     ) {
         let inner = &node.inner;
-        for rec in inner.owned.lock().await.values() {
-            node.run_checks(rec);
+        for (key, held) in inner.owned.lock().await.iter() {
+            node.run_checks(key, &held.checks, held.status.health);
         }
         if let Some(store) = store {
             inner.tasks.spawn(saver(
