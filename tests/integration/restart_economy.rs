@@ -844,10 +844,10 @@ fn after_a_crash_an_update_never_saved_is_replaced_at_peers_by_what_was_saved() 
 fn a_deferred_resume_writes_nothing_until_finished_and_then_as_with_resume() {
     let me = node_a();
     let web = ServiceName::new("web").unwrap();
-    let owned = vec![owned(&web, "w1", 80)];
+    let owned = Arc::new(owned(&web, "w1", 80));
     let t0 = 1_000_000;
     let resume = || Resume {
-        owned: owned.iter().cloned().map(Arc::new).collect(),
+        owned: vec![Arc::clone(&owned)],
         drop_unowned: true,
         ..Resume::default()
     };
