@@ -239,9 +239,9 @@ impl Node {
 /// (when they are the same checks). Registering again is an update, not a new instance.
 pub(super) fn carry_over(mut rec: OwnedRecord, before: &Held) -> OwnedRecord {
     rec.registered_at_ms = before.reg.since_ms;
-    rec.maintenance.clone_from(&before.maintenance);
-    if rec.checks == before.checks {
-        rec.status.clone_from(&before.status);
+    rec.maintenance = before.maintenance().cloned();
+    if rec.checks == before.checks() {
+        rec.status.clone_from(before.status());
     }
     rec
 }

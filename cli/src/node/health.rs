@@ -63,7 +63,7 @@ impl Node {
         let rec = {
             let owned = self.inner.owned.lock().await;
             match owned.get(key) {
-                Some(held) if held.status != status => held.record(self.inner.lease_ttl_ms),
+                Some(held) if *held.status() != status => held.record(self.inner.lease_ttl_ms),
                 _ => return Ok(()),
             }
         };

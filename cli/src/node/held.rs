@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use roster_registry::Status;
+use roster_registry::{Health, Status};
 use roster_transport::proto::OwnedRegistration;
 
 use crate::check::Check;
@@ -17,27 +17,68 @@ use crate::store::OwnedRecord;
 pub(crate) struct Held {
     /// What the replica gets (with the status to write): the protocol holds the same one.
     pub(crate) reg: Arc<OwnedRegistration>,
+    /// What only the owner knows of it; `None` for one that has none (no checks, no
+    /// `ttl`, in service: nearly all of a bulk load), so that one costs a pointer.
+    own: Option<Box<OwnerOnly>>,
+}
+
+/// What the owner alone keeps of a registration.
+#[derive(Debug, Clone, Default)]
+struct OwnerOnly {
     /// The status its checks decided (`reg` holds maintenance instead while an operator
     /// keeps it out of service).
-    pub(crate) status: Status,
+    status: Status,
     /// Why an operator took it out of service; `None`: in service.
-    pub(crate) maintenance: Option<String>,
+    maintenance: Option<String>,
     /// Its health checks, run by this node.
-    pub(crate) checks: Vec<Check>,
+    checks: Vec<Check>,
     /// When it ends unless registered again (wall ms); `None`: until deregistered.
-    pub(crate) expires_at_ms: Option<u64>,
+    expires_at_ms: Option<u64>,
 }
+
+/// The status of a registration without checks.
+static PASSING: Status = Status {
+    health: Health::Passing,
+    note: String::new(),
+};
 
 impl Held {
     /// Keeps `rec`, whose registration (checked) is `reg`; the record itself is dropped.
     pub(crate) fn new(rec: OwnedRecord, reg: Arc<OwnedRegistration>) -> Self {
-        Self {
-            reg,
+        let own = OwnerOnly {
             status: rec.status,
             maintenance: rec.maintenance,
             checks: rec.checks,
             expires_at_ms: rec.expires_at_ms,
+        };
+        let plain = own.status == PASSING
+            && own.maintenance.is_none()
+            && own.checks.is_empty()
+            && own.expires_at_ms.is_none();
+        Self {
+            reg,
+            own: (!plain).then(|| Box::new(own)),
         }
+    }
+
+    /// The status its checks decided.
+    pub(crate) fn status(&self) -> &Status {
+        self.own.as_ref().map_or(&PASSING, |o| &o.status)
+    }
+
+    /// Why an operator took it out of service; `None`: in service.
+    pub(crate) fn maintenance(&self) -> Option<&String> {
+        self.own.as_ref().and_then(|o| o.maintenance.as_ref())
+    }
+
+    /// Its health checks.
+    pub(crate) fn checks(&self) -> &[Check] {
+        self.own.as_ref().map_or(&[], |o| &o.checks)
+    }
+
+    /// When its `ttl` ends (wall ms); `None`: until deregistered.
+    pub(crate) fn expires_at_ms(&self) -> Option<u64> {
+        self.own.as_ref().and_then(|o| o.expires_at_ms)
     }
 
     /// The record to save, as it was registered (the address and metadata as the
@@ -55,10 +96,10 @@ impl Held {
                 .collect(),
             lease_ttl_ms,
             registered_at_ms: reg.since_ms,
-            expires_at_ms: self.expires_at_ms,
-            status: self.status.clone(),
-            maintenance: self.maintenance.clone(),
-            checks: self.checks.clone(),
+            expires_at_ms: self.expires_at_ms(),
+            status: self.status().clone(),
+            maintenance: self.maintenance().cloned(),
+            checks: self.checks().to_vec(),
         }
     }
 }
@@ -90,5 +131,15 @@ mod tests {
         let reg = Arc::new(rec.registration().unwrap());
         let held = Held::new(rec.clone(), reg);
         assert_eq!(held.record(30_000), rec);
+        let plain = OwnedRecord {
+            status: Status::passing(),
+            maintenance: None,
+            expires_at_ms: None,
+            ..rec
+        };
+        let reg = Arc::new(plain.registration().unwrap());
+        let held = Held::new(plain.clone(), reg);
+        assert!(held.own.is_none(), "nothing but the registration is kept");
+        assert_eq!(held.record(30_000), plain);
     }
 }

@@ -177,7 +177,7 @@ impl Node {
         let mut next = u64::MAX;
         let mut passed = Vec::new();
         for r in owned.values() {
-            match r.expires_at_ms {
+            match r.expires_at_ms() {
                 Some(t) if t <= now => passed.push((r.reg.service.to_string(), r.reg.provider.to_string())),
                 Some(t) => next = next.min(t),
                 None => {}

@@ -27,7 +27,7 @@ impl Node {
         let mut owned = self.inner.owned.lock().await;
         if owned
             .get(&key)
-            .is_none_or(|r| r.expires_at_ms.is_none_or(|t| t > now_ms()))
+            .is_none_or(|r| r.expires_at_ms().is_none_or(|t| t > now_ms()))
         {
             return; // registered again meanwhile
         }

@@ -323,7 +323,7 @@ impl NodeBuilder {
     ) {
         let inner = &node.inner;
         for (key, held) in inner.owned.lock().await.iter() {
-            node.run_checks(key, &held.checks, held.status.health);
+            node.run_checks(key, held.checks(), held.status().health);
         }
         if let Some(store) = store {
             inner.tasks.spawn(saver(
