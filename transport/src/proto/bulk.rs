@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use roster_registry::InvalidInput;
 
-use super::{Node, Now, Owned, OwnedRegistration};
+use super::{Node, Now, OwnedRegistration};
 
 impl Node {
     /// Registers (or updates) many instances this node owns, in one delta: as
@@ -35,11 +35,8 @@ impl Node {
     /// Takes `o` as owned: kept alive, and written again if a peer's sweep removes it.
     pub(super) fn own(&mut self, reg: Arc<OwnedRegistration>) {
         let key = (reg.service.clone(), reg.provider.clone());
-        let owned = Owned {
-            reg,
-            overwrite_repaired_at: None,
-        };
-        self.owned.insert(key, owned);
+        self.overwrites_repaired.remove(&key);
+        self.owned.insert(key, reg);
     }
 }
 

@@ -20,6 +20,7 @@
 //!   jitter ([`crate::backoff`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -77,7 +78,6 @@ pub use guard::CrashGuard;
 use guard::{GUARDED_FAILURES, GUARDED_LEASE_FACTOR};
 pub use membership::{has_left, live_members, url_endpoint, LiveMember, MEMBERS_SERVICE};
 use membership::{member_meta, member_provider, members_service};
-use ownership::Owned;
 
 pub use config::{Config, Dissemination};
 pub use resume_types::{KnownPeer, Memory, OwnedRegistration, PeerMemory, Resume, Resumed};
@@ -128,7 +128,14 @@ pub struct Node {
     seeds_reached: BTreeSet<String>,
     /// Until when unreached seeds are dialed even while connected (monotonic ms).
     seed_retry_until: u64,
-    owned: BTreeMap<(ServiceName, ProviderId), Owned>,
+    /// The registrations this node owns and keeps alive: what it writes, shared with
+    /// whoever handed it over (an agent keeps the same one for its own records), so an
+    /// owner holds one copy besides the replica's, to write again when a peer's sweep or
+    /// another node's write takes it.
+    owned: BTreeMap<(ServiceName, ProviderId), Arc<OwnedRegistration>>,
+    /// When an overwrite of an owned registration by another node was last repaired
+    /// (monotonic ms; rare, so kept apart from `owned`).
+    overwrites_repaired: BTreeMap<(ServiceName, ProviderId), u64>,
     /// Peers lost and not heard from since (see `liveness`).
     suspects: BTreeMap<ReplicaId, liveness::Suspicion>,
     /// Other zones' losses, and the zones judged cut off (see `damping`).
@@ -256,6 +263,7 @@ impl Node {
             seeds_reached: BTreeSet::new(),
             seed_retry_until: mono + SEED_RETRY_MS,
             owned: BTreeMap::new(),
+            overwrites_repaired: BTreeMap::new(),
             suspects: BTreeMap::new(),
             damping: damping::Damping::default(),
             border_node: false,
@@ -531,6 +539,7 @@ impl Node {
         let mut farewell = None;
         if leave {
             self.owned.clear();
+            self.overwrites_repaired.clear();
             let stamp = self.clock.tick(now.wall_ms);
             let applied = self.replica.deregister_all(stamp);
             farewell = Some(applied.delta.clone());

@@ -10,16 +10,6 @@ use roster_registry::{
 
 use super::{member_provider, members_service, Node, Now, Output, OwnedRegistration, GUARDED_LEASE_FACTOR};
 
-/// One registration this node owns and keeps alive.
-#[derive(Debug, Clone)]
-pub(super) struct Owned {
-    /// What it writes: shared with whoever handed it over (an agent keeps the same one for
-    /// its own records), so an owner holds one copy besides the replica's.
-    pub(super) reg: Arc<OwnedRegistration>,
-    /// When an overwrite of it by another node was last repaired (monotonic ms).
-    pub(super) overwrite_repaired_at: Option<u64>,
-}
-
 /// The least time between two repairs of an overwrite of one owned instance by another
 /// node: two nodes that both believe they own it (registered at the same moment through
 /// two agents) take it from each other at this pace, not in a storm.
@@ -46,7 +36,7 @@ impl Node {
             .owned
             .get(&key)
             .map_or((Status::passing(), now.wall_ms), |o| {
-                (o.reg.status.clone(), o.reg.since_ms)
+                (o.status.clone(), o.since_ms)
             });
         let item = OwnedRegistration {
             service: key.0,
@@ -62,7 +52,9 @@ impl Node {
     /// Removes an instance this node owns. Returns whether there was one.
     pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now: impl Into<Now>) -> bool {
         let now = self.time.input(now.into());
-        let owned = self.owned.remove(&(service.clone(), provider.clone())).is_some();
+        let key = (service.clone(), provider.clone());
+        self.overwrites_repaired.remove(&key);
+        let owned = self.owned.remove(&key).is_some();
         match self
             .replica
             .deregister(service.clone(), provider.clone(), now.wall_ms)
@@ -101,14 +93,15 @@ impl Node {
                 }
                 Change::Up(i) if i.node != self.me.id => {
                     let key = (i.service.clone(), i.provider.clone());
-                    if let Some(o) = self.owned.get_mut(&key) {
-                        let due = o
-                            .overwrite_repaired_at
+                    if let Some(o) = self.owned.get(&key) {
+                        let due = self
+                            .overwrites_repaired
+                            .get(&key)
                             .is_none_or(|t| now.mono_ms >= t + OVERWRITE_REPAIR_MS);
                         if due {
-                            o.overwrite_repaired_at = Some(now.mono_ms);
+                            lost.push((key.0.clone(), key.1.clone(), o.clone()));
+                            self.overwrites_repaired.insert(key, now.mono_ms);
                             self.counters.overwrites_repaired += 1;
-                            lost.push((key.0, key.1, o.clone()));
                         }
                     }
                 }
@@ -133,7 +126,7 @@ impl Node {
             let item = NewRegistration {
                 service: s,
                 provider: p,
-                ..OwnedRegistration::clone(&o.reg)
+                ..OwnedRegistration::clone(&o)
             };
             if let Ok(applied) = self.replica.register_many(vec![item], ttl, stamp) {
                 self.buffer_own(applied.delta, now);
