@@ -37,6 +37,7 @@ mod admit;
 pub mod codec;
 mod context;
 mod dotfun;
+mod endpoint;
 mod error;
 mod hlc;
 mod id;
@@ -50,6 +51,7 @@ mod value;
 
 pub use admit::{Bounds, Refusal, MAX_COUNTER};
 pub use context::{CausalContext, Retirement};
+pub use endpoint::Endpoint;
 pub use error::{
     ConflictingDot, DecodeError, ElidedError, InvalidInput, InvalidState, MissingValue, RetireError,
 };
@@ -64,6 +66,6 @@ pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Prove
 pub use state::{Elided, JoinReport, RegKey, State};
 pub use status::{Health, Status, MAX_NOTE_LEN};
 pub use value::{
-    is_printable, metadata_from_pairs, validate_metadata, Endpoint, Lease, Registration, FAREWELL_KEPT_MS,
+    is_printable, metadata_from_pairs, validate_metadata, Lease, Registration, FAREWELL_KEPT_MS,
     MAX_HOST_LEN, MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
 };

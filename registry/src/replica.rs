@@ -9,12 +9,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::context::CausalContext;
+use crate::endpoint::Endpoint;
 use crate::error::{InvalidInput, RetireError};
 use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
 use crate::meta::Metadata;
 use crate::state::{Elided, RegKey, State};
-use crate::value::{Endpoint, Lease, Registration};
+use crate::value::{Lease, Registration};
 
 mod apply;
 mod bulk;

@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 
 use super::{Applied, Replica};
 use crate::context::CausalContext;
+use crate::endpoint::Endpoint;
 use crate::error::InvalidInput;
 use crate::hlc::Hlc;
 use crate::id::{ProviderId, ServiceName};
 use crate::meta::Metadata;
 use crate::state::{RegKey, State};
 use crate::status::Status;
-use crate::value::{validate_metadata, Endpoint, Lease, Registration};
+use crate::value::{validate_metadata, Lease, Registration};
 
 /// One registration of a bulk write ([`Replica::register_many`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,12 +11,13 @@ use rpds::RedBlackTreeMapSync;
 use super::{LeaseMap, RegKey, RegMap, State, Touched};
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
+use crate::endpoint::Endpoint;
 use crate::error::InvalidState;
 use crate::hlc::Hlc;
 use crate::id::{Dot, ProviderId, ReplicaId};
 use crate::meta::Metadata;
 use crate::status::Status;
-use crate::value::{Endpoint, Lease, Registration};
+use crate::value::{Lease, Registration};
 
 /// A registration of formats 1 and 2: no status, no first-registered time.
 #[derive(Deserialize)]
