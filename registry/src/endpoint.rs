@@ -1,19 +1,37 @@
 //! Where a service instance listens: a host name or an IP address, and a port.
+//!
+//! An IP address is held parsed, in the value itself: most instances listen on one, and
+//! as a string it took an allocation of its own in every registration at every node
+//! (about 32 bytes with the allocator's header). Its encoding is the text, as before.
 
+use core::net::{Ipv4Addr, Ipv6Addr};
+use std::borrow::Cow;
 use std::fmt;
+use std::io::Write as _;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::InvalidInput;
 use crate::id::truncate_for_display;
 use crate::value::MAX_HOST_LEN;
 
 /// Where a service instance listens: a host name or IP address, and a port.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Endpoint {
-    host: Box<str>,
-    port: u16,
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint(Host);
+
+/// The host and the port, 24 bytes whichever it is (as the boxed string alone was).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Host {
+    /// An IPv4 address, written as it reads back.
+    V4(Ipv4Addr, u16),
+    /// An IPv6 address, written as it reads back (`::1`, not `0:0:0:0:0:0:0:1`).
+    V6(Ipv6Addr, u16),
+    /// A host name, or an address written some other way: kept as written.
+    Name(Box<str>, u16),
 }
+
+/// The most bytes an IP address takes as text (an IPv6 address with an IPv4 tail).
+const MAX_IP_TEXT: usize = 45;
 
 impl Endpoint {
     /// Validates and makes an endpoint.
@@ -42,10 +60,33 @@ impl Endpoint {
                 endpoint: truncate_for_display(&format!("{host}:{port}")),
                 why,
             }),
-            Ok(()) => Ok(Self {
-                host: host.into(),
-                port,
-            }),
+            Ok(()) => Ok(Self::from_parts(host, port)),
+        }
+    }
+
+    /// The endpoint of `host` (not checked) and `port`: an address that reads back as
+    /// written is held parsed, anything else as its text. So the same text always makes
+    /// the same value, and a value always writes the text it came from.
+    fn from_parts(host: &str, port: u16) -> Self {
+        if let Ok(ip) = host.parse::<Ipv4Addr>() {
+            if with_text(&ip, |t| t == host) {
+                return Self(Host::V4(ip, port));
+            }
+        }
+        if let Ok(ip) = host.parse::<Ipv6Addr>() {
+            if with_text(&ip, |t| t == host) {
+                return Self(Host::V6(ip, port));
+            }
+        }
+        Self(Host::Name(host.into(), port))
+    }
+
+    /// Calls `f` with the host as text, without allocating.
+    fn with_host<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        match &self.0 {
+            Host::V4(ip, _) => with_text(ip, f),
+            Host::V6(ip, _) => with_text(ip, f),
+            Host::Name(name, _) => f(name),
         }
     }
 
@@ -72,17 +113,61 @@ impl Endpoint {
     }
 
     /// The host name or IP address (IPv6 without brackets).
-    pub fn host(&self) -> &str {
-        &self.host
+    pub fn host(&self) -> Cow<'_, str> {
+        match &self.0 {
+            Host::Name(name, _) => Cow::Borrowed(name),
+            _ => Cow::Owned(self.with_host(str::to_string)),
+        }
     }
 
     /// The port.
     pub fn port(&self) -> u16 {
-        self.port
+        match self.0 {
+            Host::V4(_, port) | Host::V6(_, port) | Host::Name(_, port) => port,
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
-        Self::new(&self.host, self.port).map(|_| ())
+        self.with_host(|host| Self::new(host, self.port()).map(|_| ()))
+    }
+}
+
+/// Calls `f` with `ip` written as text, in a buffer on the stack.
+fn with_text<R>(ip: &impl fmt::Display, f: impl FnOnce(&str) -> R) -> R {
+    let mut buf = [0u8; MAX_IP_TEXT];
+    let mut rest = &mut buf[..];
+    // An address always fits; were it not to, the text would be cut, never wrong bytes.
+    let _ = write!(rest, "{ip}");
+    let len = MAX_IP_TEXT - rest.len();
+    f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
+}
+
+/// The encoding: the host as text and the port, as when the host was a string.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "Endpoint")]
+struct Wire<'a> {
+    #[serde(borrow)]
+    host: Cow<'a, str>,
+    port: u16,
+}
+
+impl Serialize for Endpoint {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.with_host(|host| {
+            Wire {
+                host: Cow::Borrowed(host),
+                port: self.port(),
+            }
+            .serialize(s)
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Endpoint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Not checked here, as before: a registration's checks run on what a peer sends.
+        let w = Wire::deserialize(d)?;
+        Ok(Self::from_parts(&w.host, w.port))
     }
 }
 
@@ -124,11 +209,11 @@ fn validate_host_name(host: &str) -> Result<(), &'static str> {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+        let port = self.port();
+        self.with_host(|host| match host.contains(':') {
+            true => write!(f, "[{host}]:{port}"),
+            false => write!(f, "{host}:{port}"),
+        })
     }
 }
 
@@ -142,6 +227,41 @@ impl fmt::Debug for Endpoint {
 mod tests {
     use super::*;
 
+    /// An address is held parsed, anything else as written; either way the value writes
+    /// the text it came from, and encodes as the text did (`host` a string, then `port`).
+    #[test]
+    fn an_address_is_held_parsed_and_writes_and_encodes_as_it_was_written() {
+        assert_eq!(std::mem::size_of::<Endpoint>(), 24);
+        for (text, parsed) in [
+            ("10.0.0.7:8080", true),
+            ("[::1]:53", true),
+            ("[fe80::1:2]:80", true),
+            ("[0:0:0:0:0:0:0:1]:53", false),
+            ("[::ffff:10.0.0.1]:80", true),
+            ("db.local:5432", false),
+            ("999.1.1.1:80", false),
+        ] {
+            let Ok(e) = Endpoint::parse(text) else {
+                assert!(!parsed, "{text} should parse");
+                continue;
+            };
+            assert_eq!(matches!(e.0, Host::V4(..) | Host::V6(..)), parsed, "{text}");
+            assert_eq!(e.to_string(), text);
+            #[derive(Serialize)]
+            struct Before<'a> {
+                host: &'a str,
+                port: u16,
+            }
+            let before = postcard::to_allocvec(&Before {
+                host: &e.host(),
+                port: e.port(),
+            })
+            .unwrap();
+            assert_eq!(postcard::to_allocvec(&e).unwrap(), before, "{text}");
+            assert_eq!(postcard::from_bytes::<Endpoint>(&before).unwrap(), e, "{text}");
+        }
+    }
+
     #[test]
     fn endpoints_parse_v4_v6_and_names() {
         assert_eq!(
@@ -149,7 +269,7 @@ mod tests {
             "10.0.0.7:8080"
         );
         let v6 = Endpoint::parse("[::1]:53").unwrap();
-        assert_eq!((v6.host(), v6.port()), ("::1", 53));
+        assert_eq!((v6.host().as_ref(), v6.port()), ("::1", 53));
         assert_eq!(v6.to_string(), "[::1]:53");
         assert_eq!(Endpoint::parse("db.local:5432").unwrap().host(), "db.local");
         for bad in ["nohost", "::1:53", "a:0", "a:70000", ":80", "a b:80", "a:-1"] {
