@@ -68,10 +68,10 @@ impl Endpoint {
     /// written is held parsed, anything else as its text. So the same text always makes
     /// the same value, and a value always writes the text it came from.
     fn from_parts(host: &str, port: u16) -> Self {
+        // The standard library reads an IPv4 address only in the form it writes (four
+        // decimal numbers, no leading zero), so one that parses reads back as written.
         if let Ok(ip) = host.parse::<Ipv4Addr>() {
-            if with_text(&ip, |t| t == host) {
-                return Self(Host::V4(ip, port));
-            }
+            return Self(Host::V4(ip, port));
         }
         if let Ok(ip) = host.parse::<Ipv6Addr>() {
             if with_text(&ip, |t| t == host) {
@@ -260,6 +260,10 @@ mod tests {
             assert_eq!(postcard::to_allocvec(&e).unwrap(), before, "{text}");
             assert_eq!(postcard::from_bytes::<Endpoint>(&before).unwrap(), e, "{text}");
         }
+        // A decoded host is written as it came: leading zeros are not an IPv4 address.
+        let odd = Endpoint::from_parts("010.0.0.1", 80);
+        assert!(matches!(odd.0, Host::Name(..)));
+        assert_eq!(odd.to_string(), "010.0.0.1:80");
     }
 
     #[test]
