@@ -190,7 +190,7 @@ fn absences(sim: &mut Sim, x: usize, window: u64, step: u64) -> Vec<(usize, u64,
 fn a_slow_lossy_live_node_written_dead_comes_back_within_a_refutation_by_itself() {
     let seed = sim_seed("slow_lossy_node_refutes");
     let mut sim = settled(10, seed);
-    sim.emulate_keepalive(Limits::default());
+    sim.emulate_keepalive(Limits::default().keepalive());
     sim.run_for(30_000);
     // Machine 3 turns slow and lossy: a fifth of its messages, pings and pongs lost, the
     // rest delayed 20 to 400 ms. Its links die of lost pongs; its peers suspect it.

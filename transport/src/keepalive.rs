@@ -4,9 +4,9 @@
 //! A silent partition (packets dropped, no FIN, no reset) closes no TCP connection, so a
 //! link across the cut would keep its slot, and a node dials only when it has fewer
 //! outbound connections than it keeps. Every connection must therefore prove it is alive:
-//! a connection quiet for [`Limits::ping_after`] is pinged (the peer's WebSocket answers
+//! a connection quiet for [`Timing::ping_after`] is pinged (the peer's WebSocket answers
 //! with a pong as it reads), and one on which nothing arrived for
-//! [`Limits::dead_after`] is closed and reported to the protocol as a disconnection, which
+//! [`Timing::dead_after`] is closed and reported to the protocol as a disconnection, which
 //! redials the slot with the usual backoff.
 //!
 //! Idle traffic is a measured figure, so only quiet links are pinged, and only by one side:
@@ -16,13 +16,20 @@
 //! a sign of life, so a link that carries traffic sends no ping at all.
 
 use std::ops::Add;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::time::Instant;
+/// How long a quiet connection waits before it is pinged, and before it is closed (the
+/// driver's [`Limits`](crate::driver::Limits) give them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Quiet this long, a connection is pinged (by the side that dialed it; the side that
+    /// accepted it waits until halfway to `dead_after`).
+    pub ping_after: Duration,
+    /// Nothing arrived for this long: the connection is closed as dead.
+    pub dead_after: Duration,
+}
 
-use crate::driver::Limits;
-
-/// A point in time: the driver's `Instant`, or the simulator's virtual time as a
+/// A point in time: the driver's `Instant` (read by the driver, never here), or the simulator's virtual time as a
 /// `Duration` since its start.
 pub trait Moment: Copy + Ord + Add<Duration, Output = Self> {
     /// How long after `earlier` this is (zero if it is before).
@@ -63,15 +70,15 @@ pub struct Liveness<T = Instant> {
 
 impl<T: Moment> Liveness<T> {
     /// A connection that just opened (`now`). `outbound`: this side dialed it.
-    pub fn new(limits: &Limits, outbound: bool, now: T) -> Self {
+    pub fn new(timing: Timing, outbound: bool, now: T) -> Self {
         let ping_after = if outbound {
-            limits.ping_after
+            timing.ping_after
         } else {
-            (limits.ping_after + limits.dead_after) / 2
+            (timing.ping_after + timing.dead_after) / 2
         };
         Self {
             ping_after,
-            dead_after: limits.dead_after,
+            dead_after: timing.dead_after,
             heard: now,
             pinged: None,
         }
@@ -103,19 +110,18 @@ impl<T: Moment> Liveness<T> {
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
+    fn limits() -> Timing {
+        Timing {
             ping_after: Duration::from_secs(2),
             dead_after: Duration::from_secs(6),
-            ..Limits::default()
         }
     }
 
     #[test]
     fn a_quiet_link_is_pinged_by_its_dialer_and_closed_when_nothing_answers() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1_000);
         let s = Duration::from_secs;
-        let mut live = Liveness::new(&limits(), true, t0);
+        let mut live = Liveness::new(limits(), true, t0);
         assert_eq!(live.check(t0), Check::Wait(t0 + s(2)));
         assert_eq!(live.check(t0 + s(2)), Check::Ping(t0 + s(4)));
         // One ping per interval of silence, not one per look.
@@ -126,9 +132,9 @@ mod tests {
 
     #[test]
     fn anything_heard_keeps_a_link_alive_and_resets_its_ping() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1_000);
         let s = Duration::from_secs;
-        let mut live = Liveness::new(&limits(), true, t0);
+        let mut live = Liveness::new(limits(), true, t0);
         assert_eq!(live.check(t0 + s(2)), Check::Ping(t0 + s(4)));
         // The pong arrives: the next ping is a full interval of silence away.
         live.heard(t0 + s(2));
@@ -141,10 +147,10 @@ mod tests {
 
     #[test]
     fn the_accepting_side_waits_longer_so_one_ping_crosses_an_idle_link() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1_000);
         let s = Duration::from_secs;
-        let mut dialer = Liveness::new(&limits(), true, t0);
-        let mut acceptor = Liveness::new(&limits(), false, t0);
+        let mut dialer = Liveness::new(limits(), true, t0);
+        let mut acceptor = Liveness::new(limits(), false, t0);
         assert_eq!(dialer.check(t0 + s(2)), Check::Ping(t0 + s(4)));
         // The acceptor hears the ping before its own turn comes.
         assert_eq!(acceptor.check(t0 + s(2)), Check::Wait(t0 + s(4)));

@@ -137,6 +137,14 @@ impl Limits {
         }
         Ok(())
     }
+
+    /// When a quiet connection is pinged, and closed (see [`crate::keepalive`]).
+    pub fn keepalive(&self) -> crate::keepalive::Timing {
+        crate::keepalive::Timing {
+            ping_after: self.ping_after,
+            dead_after: self.dead_after,
+        }
+    }
 }
 
 /// How often the driver refused or cut a peer, by reason. Each count is also a log line.

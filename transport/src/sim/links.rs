@@ -7,8 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::driver::Limits;
-use crate::keepalive::{Check, Liveness};
+use crate::keepalive::{Check, Liveness, Timing};
 use crate::proto::ConnId;
 
 /// What a link's keepalive asks the simulator to do now.
@@ -23,7 +22,7 @@ pub(super) enum Due {
 /// The keepalive of every open connection end.
 #[derive(Debug)]
 pub(super) struct Keepalives {
-    limits: Limits,
+    timing: Timing,
     /// Each end's liveness and when it is next looked at (virtual ms).
     links: BTreeMap<ConnId, (Liveness<Duration>, u64)>,
     /// (when, end): the next looks, in order.
@@ -39,9 +38,9 @@ fn ms(t: Duration) -> u64 {
 }
 
 impl Keepalives {
-    pub(super) fn new(limits: Limits) -> Self {
+    pub(super) fn new(timing: Timing) -> Self {
         Self {
-            limits,
+            timing,
             links: BTreeMap::new(),
             due: BTreeSet::new(),
         }
@@ -50,7 +49,7 @@ impl Keepalives {
     /// End `conn` opened at `now` (`outbound`: its side dialed).
     pub(super) fn opened(&mut self, conn: ConnId, outbound: bool, now: u64) {
         self.closed(conn);
-        let live = Liveness::new(&self.limits, outbound, at(now));
+        let live = Liveness::new(self.timing, outbound, at(now));
         self.links.insert(conn, (live, now));
         self.due.insert((now, conn));
     }
@@ -109,11 +108,10 @@ impl Keepalives {
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
+    fn limits() -> Timing {
+        Timing {
             ping_after: Duration::from_secs(5),
             dead_after: Duration::from_secs(8),
-            ..Limits::default()
         }
     }
 

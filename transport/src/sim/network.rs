@@ -7,7 +7,7 @@ use rand::RngExt;
 
 use super::{links, End, Event, Sim};
 use crate::backoff::Failure;
-use crate::driver::Limits;
+use crate::keepalive::Timing;
 use crate::message::Envelope;
 use crate::proto::{ConnId, DialTarget};
 
@@ -94,11 +94,11 @@ impl Sim {
 
     /// Emulates the driver's keepalive on every connection from now on: quiet links
     /// are pinged (a ping and a pong, 6 bytes each, lost and delayed like any message) and
-    /// a link on which nothing arrived for `limits.dead_after` is closed as dead
+    /// a link on which nothing arrived for `timing.dead_after` is closed as dead
     /// ([`Node::handle_dead_link`](crate::proto::Node::handle_dead_link) on that side; the
     /// other side sees it close). Without it, a simulated link never dies of silence.
-    pub fn emulate_keepalive(&mut self, limits: Limits) {
-        let mut k = links::Keepalives::new(limits);
+    pub fn emulate_keepalive(&mut self, timing: Timing) {
+        let mut k = links::Keepalives::new(timing);
         for (conn, end) in &self.ends {
             k.opened(*conn, end.outbound, self.now_ms);
         }

@@ -70,7 +70,11 @@ pub(super) async fn run<S>(
         return;
     }
     let (mut sink, mut stream) = ws.split();
-    let live = std::sync::Mutex::new(Liveness::new(&shared.limits, outbound, Instant::now()));
+    let live = std::sync::Mutex::new(Liveness::new(
+        shared.limits.keepalive(),
+        outbound,
+        std::time::Instant::now(),
+    ));
     let ping = PingSignal::default();
     let end = tokio::select! {
         () = kill.cancelled() => End::Killed,
@@ -222,26 +226,28 @@ where
 /// when it is dead (see [`crate::keepalive`]).
 pub(super) async fn keepalive(live: &std::sync::Mutex<Liveness>, ping: &PingSignal) -> Duration {
     loop {
+        let now = std::time::Instant::now();
         let check = match live.lock() {
-            Ok(mut l) => l.check(Instant::now()),
-            Err(poisoned) => poisoned.into_inner().check(Instant::now()),
+            Ok(mut l) => l.check(now),
+            Err(poisoned) => poisoned.into_inner().check(now),
         };
         match check {
             Check::Dead(silent) => return silent,
             Check::Ping(next) => {
                 ping.ask();
-                tokio::time::sleep_until(next).await;
+                tokio::time::sleep_until(next.into()).await;
             }
-            Check::Wait(next) => tokio::time::sleep_until(next).await,
+            Check::Wait(next) => tokio::time::sleep_until(next.into()).await,
         }
     }
 }
 
 /// Notes that something arrived on the connection.
 pub(super) fn heard(live: &std::sync::Mutex<Liveness>) {
+    let now = std::time::Instant::now();
     match live.lock() {
-        Ok(mut l) => l.heard(Instant::now()),
-        Err(poisoned) => poisoned.into_inner().heard(Instant::now()),
+        Ok(mut l) => l.heard(now),
+        Err(poisoned) => poisoned.into_inner().heard(now),
     }
 }
 
