@@ -1005,7 +1005,7 @@ def measure_churn(system, net, preload, rate, seconds):
     return res
 
 
-# roster's member lease (transport/src/proto/config.rs and ownership.rs): the larger of
+# roster's member lease (protocol/src/proto/config.rs and ownership.rs): the larger of
 # 60 s and 24 s per member (members rounded up to a power of two), renewed at a quarter to
 # a third of it.
 MEMBER_LEASE_S, LEASE_PER_MEMBER_S = 60, 24

@@ -1,30 +1,20 @@
-//! # roster-transport: replication between roster nodes
+//! # roster-transport: replication between roster nodes, over WebSockets
 //!
-//! - [`proto`]: the replication protocol as a state machine that performs no I/O: inputs
-//!   in, outputs (messages, dials, closes, events) out, time and randomness passed in.
-//! - [`message`]: the messages nodes exchange and their encoding.
-//! - [`buffer`]: the numbered buffer of recent deltas each peer is brought up to date from.
-//! - [`backoff`]: the retry policy every retry uses (exponential, jittered, capped).
-//! - `sim` (feature `sim`, for tests and benchmarks): a deterministic simulator that drives
-//!   many nodes through faults in one thread.
-//! - [`handshake`]: how two nodes authenticate each other (a challenge-response over the
-//!   cluster secret) before any protocol message.
-//! - [`keepalive`]: when a quiet link is pinged, and when a silent one is dead.
 //! - [`driver`]: the tokio driver: WebSockets (tokio-tungstenite), the listener, dials,
 //!   limits, and graceful shutdown.
+//! - The protocol it drives, from `roster-protocol` (a crate of its own, which does no
+//!   I/O), under the same names: [`proto`], [`message`], [`buffer`], [`backoff`],
+//!   [`handshake`], [`keepalive`], and `sim` (feature `sim`).
 //!
-//! It depends on `roster-registry` (the pure core) and is used by the `roster` crate.
+//! It depends on `roster-registry` (the pure core) and `roster-protocol`, and is used by
+//! the `roster` crate.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod backoff;
-pub mod buffer;
 pub mod driver;
-pub mod handshake;
-pub mod keepalive;
-pub mod message;
-pub mod proto;
+
 #[cfg(feature = "sim")]
-pub mod sim;
+pub use roster_protocol::sim;
+pub use roster_protocol::{backoff, buffer, handshake, keepalive, message, proto};
 
 pub use roster_registry as registry;

@@ -19,7 +19,7 @@ use std::ops::Add;
 use std::time::{Duration, Instant};
 
 /// How long a quiet connection waits before it is pinged, and before it is closed (the
-/// driver's [`Limits`](crate::driver::Limits) give them).
+/// driver's `Limits` give them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     /// Quiet this long, a connection is pinged (by the side that dialed it; the side that
