@@ -17,6 +17,7 @@ mod read;
 mod register;
 mod resume;
 mod sd;
+mod selection;
 mod serve;
 mod summary;
 mod ui;

@@ -15,10 +15,6 @@ use crate::id::ReplicaId;
 use crate::replica::Replica;
 use crate::state::State;
 
-/// The largest counter a dot may carry. Far above what any node mints (2^62 writes), so a
-/// counter plus anything a replica adds to it never overflows.
-pub const MAX_COUNTER: u64 = 1 << 62;
-
 /// How far ahead a state from outside may reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
@@ -35,7 +31,7 @@ pub struct Bounds {
 impl Bounds {
     /// The default distance a node's counter may jump between two messages the receiver
     /// sees: about 2^32 writes, decades of renewals, still 2^30 jumps short of
-    /// [`MAX_COUNTER`].
+    /// [`MAX_COUNTER`](crate::MAX_COUNTER).
     pub const DEFAULT_MAX_COUNTER_JUMP: u64 = 1 << 32;
 
     /// Bounds at `now_ms` with the default counter jump.

@@ -12,10 +12,13 @@ use crdts::VClock;
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::admit::MAX_COUNTER;
 use crate::error::InvalidState;
 use crate::hlc::Hlc;
 use crate::id::{dot, Dot, ReplicaId};
+
+/// The largest counter a dot may carry. Far above what any node mints (2^62 writes), so a
+/// counter plus anything a replica adds to it never overflows.
+pub const MAX_COUNTER: u64 = 1 << 62;
 
 /// A causal context: a version vector, a dot cloud, and the retired replicas. Also the
 /// registry's digest.

@@ -13,7 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::InvalidInput;
 use crate::id::truncate_for_display;
-use crate::value::MAX_HOST_LEN;
+
+/// The longest host name or address in an endpoint, in bytes.
+pub const MAX_HOST_LEN: usize = 253;
 
 /// Where a service instance listens: a host name or IP address, and a port.
 #[derive(Clone, PartialEq, Eq, Hash)]

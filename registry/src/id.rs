@@ -214,6 +214,27 @@ macro_rules! string_newtype_impls {
 string_newtype_impls!(ServiceName);
 string_newtype_impls!(ProviderId);
 
+/// Whether `c` prints as itself: not a control character (C0, DEL, C1: newlines, escape
+/// sequences) and not an invisible formatting character that reorders or hides text (bidi
+/// controls, zero-width characters, the byte-order mark). Metadata keys and values hold only
+/// these, so what a terminal shows is what was registered.
+pub fn is_printable(c: char) -> bool {
+    !c.is_control()
+        && !matches!(
+            c,
+            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
+/// The key of a registration: which provider offers which service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RegKey {
+    /// The service.
+    pub service: ServiceName,
+    /// The provider offering it.
+    pub provider: ProviderId,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,23 +49,24 @@ mod state;
 mod status;
 mod value;
 
-pub use admit::{Bounds, Refusal, MAX_COUNTER};
-pub use context::{CausalContext, Retirement};
-pub use endpoint::Endpoint;
+pub use admit::{Bounds, Refusal};
+pub use context::{CausalContext, Retirement, MAX_COUNTER};
+pub use endpoint::{Endpoint, MAX_HOST_LEN};
 pub use error::{
     ConflictingDot, DecodeError, ElidedError, InvalidInput, InvalidState, MissingValue, RetireError,
 };
 pub use hlc::{ClockSkew, Hlc, HlcClock, MAX_MILLIS};
 pub use id::{
-    dot, Dot, ProviderId, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN, MAX_SERVICE_NAME_LEN,
+    dot, is_printable, Dot, ProviderId, RegKey, ReplicaId, ServiceName, MAX_LABEL_LEN, MAX_PROVIDER_ID_LEN,
+    MAX_SERVICE_NAME_LEN,
 };
 pub use meta::Metadata;
 pub use persist::{ChangedKeys, EntryLoader};
 pub use regstore::Registrations;
 pub use replica::{Applied, Change, Instance, InstanceRef, NewRegistration, Provenance, Replica};
-pub use state::{Elided, JoinReport, RegKey, State};
+pub use state::{Elided, JoinReport, State};
 pub use status::{Health, Status, MAX_NOTE_LEN};
 pub use value::{
-    is_printable, metadata_from_pairs, validate_metadata, Lease, Registration, FAREWELL_KEPT_MS,
-    MAX_HOST_LEN, MAX_LEASE_TTL_MS, MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
+    metadata_from_pairs, validate_metadata, Lease, Registration, FAREWELL_KEPT_MS, MAX_LEASE_TTL_MS,
+    MAX_META_BYTES, MAX_META_KEY_LEN, MAX_META_PAIRS, MIN_LEASE_TTL_MS,
 };

@@ -17,10 +17,11 @@ use crate::codec;
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
 use crate::error::DecodeError;
+use crate::id::RegKey;
 use crate::id::ReplicaId;
 use crate::regstore::RegMap;
 use crate::replica::Replica;
-use crate::state::{JoinReport, LeaseMap, RegKey, State};
+use crate::state::{JoinReport, LeaseMap, State};
 use crate::value::Lease;
 
 /// The keys whose entries changed: the registrations and the nodes' leases.

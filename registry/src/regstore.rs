@@ -17,8 +17,8 @@ use std::ops::Deref;
 use rpds::RedBlackTreeMapSync;
 
 use crate::dotfun::DotFun;
+use crate::id::RegKey;
 use crate::id::ReplicaId;
-use crate::state::RegKey;
 use crate::value::Registration;
 
 /// The registrations by key, as stored.

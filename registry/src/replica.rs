@@ -12,9 +12,10 @@ use crate::context::CausalContext;
 use crate::endpoint::Endpoint;
 use crate::error::{InvalidInput, RetireError};
 use crate::hlc::Hlc;
+use crate::id::RegKey;
 use crate::id::{dot, Dot, ProviderId, ReplicaId, ServiceName};
 use crate::meta::Metadata;
-use crate::state::{Elided, RegKey, State};
+use crate::state::{Elided, State};
 use crate::value::{Lease, Registration};
 
 mod apply;

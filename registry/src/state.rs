@@ -19,18 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::CausalContext;
 use crate::dotfun::DotFun;
-use crate::id::{Dot, ProviderId, ReplicaId, ServiceName};
+use crate::id::{Dot, ProviderId, RegKey, ReplicaId, ServiceName};
 use crate::regstore::{RegMap, RegStore};
 use crate::value::{Lease, Registration};
-
-/// The key of a registration: which provider offers which service.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct RegKey {
-    /// The service.
-    pub service: ServiceName,
-    /// The provider offering it.
-    pub provider: ProviderId,
-}
 
 /// The keys a delta's context may remove dots from, beyond the keys of its own store.
 ///

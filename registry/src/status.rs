@@ -9,8 +9,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::InvalidInput;
-use crate::id::truncate_for_display;
-use crate::value::is_printable;
+use crate::id::{is_printable, truncate_for_display};
 
 /// The longest status note, in bytes.
 pub const MAX_NOTE_LEN: usize = 256;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::endpoint::Endpoint;
 use crate::error::InvalidInput;
 use crate::hlc::Hlc;
-use crate::id::{truncate_for_display, Dot};
+use crate::id::{is_printable, truncate_for_display, Dot};
 use crate::meta::Metadata;
 use crate::status::{Health, Status};
 
@@ -18,8 +18,6 @@ pub const MAX_META_PAIRS: usize = 64;
 pub const MAX_META_BYTES: usize = 4096;
 /// The longest metadata key, in bytes.
 pub const MAX_META_KEY_LEN: usize = 128;
-/// The longest host name or address in an endpoint, in bytes.
-pub const MAX_HOST_LEN: usize = 253;
 /// The shortest lease a provider may take, in milliseconds.
 pub const MIN_LEASE_TTL_MS: u64 = 100;
 /// The longest lease a provider may take, in milliseconds (one day): no lease may
@@ -28,18 +26,6 @@ pub const MAX_LEASE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// How long a farewell ([`Lease::farewell`]) is kept after the node left, in milliseconds
 /// (one day, as long as `roster members` lists a node that is gone).
 pub const FAREWELL_KEPT_MS: u64 = 24 * 60 * 60 * 1000;
-
-/// Whether `c` prints as itself: not a control character (C0, DEL, C1: newlines, escape
-/// sequences) and not an invisible formatting character that reorders or hides text (bidi
-/// controls, zero-width characters, the byte-order mark). Metadata keys and values hold only
-/// these, so what a terminal shows is what was registered.
-pub fn is_printable(c: char) -> bool {
-    !c.is_control()
-        && !matches!(
-            c,
-            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
-        )
-}
 
 /// Checks metadata against the limits ([`MAX_META_PAIRS`], [`MAX_META_BYTES`],
 /// [`MAX_META_KEY_LEN`]; keys non-empty and without '='; keys and values only of

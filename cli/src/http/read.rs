@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::params::{self, Pairs, Params, ServiceQuery};
+use super::selection::{index, select};
 use super::{resume, watch, App};
 use crate::output;
 
@@ -78,48 +78,6 @@ pub async fn instance(
             "no live instance {id:?} of {service:?} here; GET /v1/services/{service}?all lists the live ones"
         ))),
     }
-}
-
-/// The instances of `service` a query shows, by id.
-pub fn select(node: &roster::Node, service: &str, q: &ServiceQuery) -> Vec<roster::Instance> {
-    let found = if q.wide() {
-        node.lookup_all(service)
-    } else {
-        node.lookup(service)
-    };
-    let mut list: Vec<roster::Instance> = found.into_iter().filter(|i| q.admits(i)).collect();
-    list.sort_by(|a, b| a.id.cmp(&b.id));
-    list
-}
-
-/// The index of a list of instances: a fingerprint of what readers see (ids, addresses,
-/// metadata, status and note; not the lease, which moves with every renewal). It changes
-/// when they change, and every agent that holds the same instances gives the same index,
-/// so a blocking query may go to another agent with the index it has.
-pub fn index(list: &[roster::Instance]) -> u64 {
-    let mut h = Sha256::new();
-    for i in list {
-        for part in [
-            i.id.as_str(),
-            i.address.as_str(),
-            i.status_name(),
-            i.note.as_str(),
-        ] {
-            h.update(part.as_bytes());
-            h.update([0]);
-        }
-        for (k, v) in &i.meta {
-            h.update(k.as_bytes());
-            h.update([1]);
-            h.update(v.as_bytes());
-            h.update([0]);
-        }
-        h.update([2]);
-    }
-    let digest = h.finalize();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_le_bytes(first)
 }
 
 /// The instances as JSON, with `index` (that of the list by id, whatever the order

@@ -11,8 +11,9 @@ use futures_util::{FutureExt, Stream};
 use tokio::time::Instant;
 
 use super::params::ServiceQuery;
+use super::resume;
+use super::selection::{index, select};
 use super::App;
-use super::{read, resume};
 use crate::output;
 
 /// How often an idle event stream sends a comment, so proxies and clients see it live.
@@ -32,7 +33,7 @@ pub async fn until_changed(app: &App, service: &str, q: &ServiceQuery, seen: u64
     let extra = if jitter == 0 { 0 } else { rand_below(jitter) };
     let deadline = Instant::now() + q.wait + Duration::from_millis(extra);
     loop {
-        if read::index(&read::select(&app.node, service, q)) != seen {
+        if index(&select(&app.node, service, q)) != seen {
             return;
         }
         tokio::select! {

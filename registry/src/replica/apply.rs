@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Applied, Change, Replica};
 use crate::error::ElidedError;
+use crate::id::RegKey;
 use crate::id::{Dot, ReplicaId};
-use crate::state::{Elided, JoinReport, Keys, RegKey, State};
+use crate::state::{Elided, JoinReport, Keys, State};
 
 impl Replica {
     pub(super) fn apply_own(&mut self, delta: State, now_ms: u64) -> Applied {

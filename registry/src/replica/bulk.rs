@@ -8,9 +8,10 @@ use crate::context::CausalContext;
 use crate::endpoint::Endpoint;
 use crate::error::InvalidInput;
 use crate::hlc::Hlc;
+use crate::id::RegKey;
 use crate::id::{ProviderId, ServiceName};
 use crate::meta::Metadata;
-use crate::state::{RegKey, State};
+use crate::state::State;
 use crate::status::Status;
 use crate::value::{validate_metadata, Lease, Registration};
 
