@@ -142,7 +142,7 @@ pub(crate) struct Inner {
     launches_recent: u64,
     guarded: std::sync::atomic::AtomicBool,
     /// Own registrations by store key; the lock orders writes (disk, then the node).
-    owned: Mutex<BTreeMap<String, held::Held>>,
+    owned: Mutex<BTreeMap<roster_registry::RegKey, held::Held>>,
     /// No own registration's `ttl` passes before this (wall ms): the TTL keeper reads
     /// `owned` only once it has come. Lowered, under `owned`'s lock, by every record
     /// put in it; 0 until the keeper first looked.
@@ -352,8 +352,8 @@ impl Node {
     /// node); [`Error::NotFound`] when no node does; [`Error::Store`]; [`Error::Stopped`].
     pub async fn deregister(&self, service: &str, instance: &str) -> Result<(), Error> {
         let mut owned = self.inner.owned.lock().await;
-        let key = format!("{service}/{instance}");
-        if !owned.contains_key(&key) {
+        let key = held::key_of(service, instance);
+        if !key.as_ref().is_some_and(|k| owned.contains_key(k)) {
             let owner = match (ServiceName::new(service), ProviderId::new(instance)) {
                 (Ok(s), Ok(p)) => self.owner_elsewhere(&s, &p),
                 _ => None,
@@ -374,8 +374,10 @@ impl Node {
                 .await
                 .map_err(|e| Error::TaskFailed(format!("the store task: {e}")))??;
         }
-        owned.remove(&key);
-        self.stop_checks(&key);
+        if let Some(k) = &key {
+            owned.remove(k);
+        }
+        self.stop_checks(&crate::store::key(service, instance));
         let (Ok(s), Ok(p)) = (ServiceName::new(service), ProviderId::new(instance)) else {
             return Ok(());
         };

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::held::Held;
+use super::held::{record_key, Held};
 use super::{Error, Node, Registration, Service};
 use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
 
@@ -63,7 +63,7 @@ impl Node {
         let mut owned = self.inner.owned.lock().await;
         let recs: Vec<OwnedRecord> = recs
             .into_iter()
-            .map(|r| match owned.get(&r.key()) {
+            .map(|r| match record_key(&r).and_then(|k| owned.get(&k)) {
                 Some(before) => super::group::carry_over(r, before),
                 None => r,
             })
@@ -95,11 +95,12 @@ impl Node {
         if let Err(e) = self.inner.handle.register_many(regs.clone()).await {
             if let Some(store) = &store {
                 // Not in the replica: not registered. Put back what the store had.
-                let (previous, fresh): (Vec<_>, Vec<_>) =
-                    recs.iter().partition(|r| owned.contains_key(&r.key()));
+                let (previous, fresh): (Vec<_>, Vec<_>) = recs
+                    .iter()
+                    .partition(|r| record_key(r).is_some_and(|k| owned.contains_key(&k)));
                 let previous = previous
                     .iter()
-                    .filter_map(|r| owned.get(&r.key()))
+                    .filter_map(|r| owned.get(&record_key(r)?))
                     .map(|held| held.record(self.inner.lease_ttl_ms))
                     .collect();
                 let fresh = fresh.iter().map(|r| r.key()).collect();
@@ -109,11 +110,11 @@ impl Node {
         }
         let mut ids = Vec::with_capacity(recs.len());
         for (r, reg) in recs.into_iter().zip(regs) {
-            let key = r.key();
-            self.run_checks(&key, &r.checks, r.status.health);
+            self.run_checks(&r.key(), &r.checks, r.status.health);
             self.note_ttl(r.expires_at_ms);
             ids.push((r.service.clone(), r.instance.clone()));
-            owned.insert(key, Held::new(r, reg));
+            let held = Held::new(r, reg);
+            owned.insert(held.key(), held);
         }
         Ok(ids)
     }

@@ -104,7 +104,7 @@ impl Node {
     /// # Errors
     /// [`Error::NotFound`] when this node owns no such instance with a TTL check.
     pub fn pass(&self, service: &str, instance: &str) -> Result<(), Error> {
-        let key = format!("{service}/{instance}");
+        let key = crate::store::key(service, instance);
         let running = self
             .inner
             .checks

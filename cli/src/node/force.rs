@@ -2,7 +2,7 @@
 //! for good, written dead for every replica now rather than when its lease ends), and the
 //! removal of an instance whatever node owns it.
 
-use roster_registry::{ProviderId, ReplicaId, ServiceName};
+use roster_registry::{ProviderId, RegKey, ReplicaId, ServiceName};
 use roster_transport::proto::{self, ForcedDeath};
 
 use super::{now_ms, Error, Node};
@@ -42,13 +42,10 @@ impl Node {
     pub async fn remove_as_operator(&self, service: &str, instance: &str) -> Result<(), Error> {
         let s = ServiceName::new(service).map_err(|e| Error::Invalid(e.to_string()))?;
         let p = ProviderId::new(instance).map_err(|e| Error::Invalid(e.to_string()))?;
-        if self
-            .inner
-            .owned
-            .lock()
-            .await
-            .contains_key(&format!("{service}/{instance}"))
-        {
+        if self.inner.owned.lock().await.contains_key(&RegKey {
+            service: s.clone(),
+            provider: p.clone(),
+        }) {
             return self.deregister(service, instance).await;
         }
         let owner = self.owner_elsewhere(&s, &p);

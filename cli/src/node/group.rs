@@ -16,7 +16,7 @@ use roster_transport::driver::DriverError;
 use roster_transport::proto::OwnedRegistration;
 use tokio::sync::oneshot;
 
-use super::held::Held;
+use super::held::{record_key, Held};
 use super::{Error, Node, Service};
 use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
 
@@ -133,10 +133,12 @@ impl Node {
         let store = self.inner.store();
         let admitted: Vec<Admitted> = group
             .into_iter()
-            .map(|q| match (q.fresh, owned.get(&q.rec.key())) {
-                (true, Some(before)) => (carry_over(q.rec, before), q.reply),
-                _ => (q.rec, q.reply),
-            })
+            .map(
+                |q| match (q.fresh, record_key(&q.rec).and_then(|k| owned.get(&k))) {
+                    (true, Some(before)) => (carry_over(q.rec, before), q.reply),
+                    _ => (q.rec, q.reply),
+                },
+            )
             .filter_map(|(rec, reply)| match self.admit(&rec, store.as_deref()) {
                 Ok(reg) => Some(Admitted { rec, reg, reply }),
                 Err(e) => {
@@ -156,8 +158,8 @@ impl Node {
             if let Err(e) = write(store, puts, floor).await {
                 // Not on disk: not registered. Put back what the disk still has.
                 for i in last.values() {
-                    self.restore(owned.get(&admitted[*i].rec.key()), &admitted[*i].reg)
-                        .await;
+                    let previous = record_key(&admitted[*i].rec).and_then(|k| owned.get(&k));
+                    self.restore(previous, &admitted[*i].reg).await;
                 }
                 for a in admitted {
                     let _ = a.reply.send(Err(duplicate(&e)));
@@ -166,10 +168,10 @@ impl Node {
             }
         }
         for a in admitted {
-            let key = a.rec.key();
-            self.run_checks(&key, &a.rec.checks, a.rec.status.health);
+            self.run_checks(&a.rec.key(), &a.rec.checks, a.rec.status.health);
             self.note_ttl(a.rec.expires_at_ms);
-            owned.insert(key, Held::new(a.rec, a.reg));
+            let held = Held::new(a.rec, a.reg);
+            owned.insert(held.key(), held);
             let _ = a.reply.send(Ok(()));
         }
     }

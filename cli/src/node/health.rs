@@ -4,6 +4,7 @@
 
 use roster_registry::{is_printable, Status, MAX_NOTE_LEN};
 
+use super::held::key_of;
 use super::{Error, Node};
 use crate::store::OwnedRecord;
 
@@ -30,7 +31,7 @@ impl Node {
             let ttl = self.inner.lease_ttl_ms;
             match instance {
                 Some((service, id)) => {
-                    let held = owned.get(&format!("{service}/{id}")).ok_or_else(|| {
+                    let held = key_of(service, id).and_then(|k| owned.get(&k)).ok_or_else(|| {
                         Error::NotFound(format!("this node owns no instance {id:?} of {service:?}"))
                     })?;
                     vec![held.record(ttl)]
@@ -62,7 +63,7 @@ impl Node {
     pub(super) async fn set_checked_status(&self, key: &str, status: Status) -> Result<(), Error> {
         let rec = {
             let owned = self.inner.owned.lock().await;
-            match owned.get(key) {
+            match crate::store::split_key(key).and_then(|k| owned.get(&k)) {
                 Some(held) if *held.status() != status => held.record(self.inner.lease_ttl_ms),
                 _ => return Ok(()),
             }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use roster_registry::{Health, Status};
+use roster_registry::{Health, ProviderId, RegKey, ServiceName, Status};
 use roster_transport::proto::OwnedRegistration;
 
 use crate::check::Check;
@@ -36,6 +36,20 @@ struct OwnerOnly {
     expires_at_ms: Option<u64>,
 }
 
+/// The key of the owned map for an instance named by strings; `None` when either name is
+/// not valid, which no owned registration has.
+pub(crate) fn key_of(service: &str, instance: &str) -> Option<RegKey> {
+    Some(RegKey {
+        service: ServiceName::new(service).ok()?,
+        provider: ProviderId::new(instance).ok()?,
+    })
+}
+
+/// The key of the owned map for a record.
+pub(crate) fn record_key(rec: &OwnedRecord) -> Option<RegKey> {
+    key_of(&rec.service, &rec.instance)
+}
+
 /// The status of a registration without checks.
 static PASSING: Status = Status {
     health: Health::Passing,
@@ -59,6 +73,19 @@ impl Held {
             reg,
             own: (!plain).then(|| Box::new(own)),
         }
+    }
+
+    /// Its key in the owned map, sharing the registration's names.
+    pub(crate) fn key(&self) -> RegKey {
+        RegKey {
+            service: self.reg.service.clone(),
+            provider: self.reg.provider.clone(),
+        }
+    }
+
+    /// The key of its checks and of its record on disk (`service/instance`).
+    pub(crate) fn store_key(&self) -> String {
+        crate::store::key(self.reg.service.as_str(), self.reg.provider.as_str())
     }
 
     /// The status its checks decided.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use roster_registry::{ProviderId, ServiceName};
 use tracing::{info, warn};
 
+use super::held::key_of;
 use super::{now_ms, Error, Node};
 use crate::store::StoreError;
 
@@ -23,7 +24,9 @@ impl Node {
                 return;
             }
         };
-        let key = format!("{service}/{instance}");
+        let Some(key) = key_of(service, instance) else {
+            return;
+        };
         let mut owned = self.inner.owned.lock().await;
         if owned
             .get(&key)
@@ -33,7 +36,7 @@ impl Node {
         }
         owned.remove(&key);
         if let Ok(mut pending) = self.inner.pending_removals.lock() {
-            pending.insert(key);
+            pending.insert(crate::store::key(service, instance));
         }
         warn!(
             service,
@@ -62,7 +65,7 @@ impl Node {
                 continue;
             };
             // Registered again meanwhile: that write replaced the record on disk.
-            if !owned.contains_key(&key) {
+            if !key_of(service, instance).is_some_and(|k| owned.contains_key(&k)) {
                 let (s, i, store) = (service.to_string(), instance.to_string(), Arc::clone(&store));
                 match tokio::task::spawn_blocking(move || store.remove_owned(&s, &i, now_ms())).await {
                     Ok(Ok(_)) => info!(service, instance, "the removal of its passed ttl is saved"),

@@ -120,12 +120,12 @@ impl OwnedRecord {
     }
 }
 
-pub(super) fn key(service: &str, instance: &str) -> String {
+pub(crate) fn key(service: &str, instance: &str) -> String {
     // Neither part may contain a '/' (service names are DNS-like, ids have no '/').
     format!("{service}/{instance}")
 }
 
-pub(super) fn split_key(k: &str) -> Option<RegKey> {
+pub(crate) fn split_key(k: &str) -> Option<RegKey> {
     let (s, p) = k.split_once('/')?;
     Some(RegKey {
         service: ServiceName::new(s).ok()?,

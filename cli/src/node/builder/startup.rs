@@ -21,6 +21,7 @@ use crate::node::held::Held;
 use crate::node::tasks::{saver, ttl_keeper, warn_unsynced};
 use crate::node::{millis, now_ms, Error, Inner, Node, CLIENT_QUEUE};
 use crate::store::{OwnedRecord, Store};
+use roster_registry::RegKey;
 
 /// What the data directory gave back.
 struct Disk {
@@ -264,7 +265,7 @@ impl NodeBuilder {
     }
 
     /// What the protocol resumes, and the own registrations by key.
-    fn resume(&self, disk: &Disk, guard: Option<CrashGuard>) -> (Resume, BTreeMap<String, Held>) {
+    fn resume(&self, disk: &Disk, guard: Option<CrashGuard>) -> (Resume, BTreeMap<RegKey, Held>) {
         let mut resume = Resume {
             owned: Vec::new(),
             removed: disk.removed.clone(),
@@ -284,7 +285,8 @@ impl NodeBuilder {
                 Ok(reg) => {
                     let reg = Arc::new(reg);
                     resume.owned.push(Arc::clone(&reg));
-                    owned.insert(rec.key(), Held::new(rec, reg));
+                    let held = Held::new(rec, reg);
+                    owned.insert(held.key(), held);
                 }
                 Err(why) => warn!("skipped a saved registration that no longer passes the checks: {why}"),
             }
@@ -322,8 +324,8 @@ impl NodeBuilder {
         clients: mpsc::Receiver<crate::transport::driver::ClientConn>,
     ) {
         let inner = &node.inner;
-        for (key, held) in inner.owned.lock().await.iter() {
-            node.run_checks(key, held.checks(), held.status().health);
+        for held in inner.owned.lock().await.values() {
+            node.run_checks(&held.store_key(), held.checks(), held.status().health);
         }
         if let Some(store) = store {
             inner.tasks.spawn(saver(
