@@ -43,7 +43,6 @@
 //! Reads are local: [`Handle::replica`] is a snapshot shared with the node task, published
 //! after each local write and at most every few milliseconds while deltas arrive.
 
-mod admit;
 mod by_service;
 mod chunk;
 mod config;
@@ -53,6 +52,7 @@ mod limits;
 mod node;
 mod quiet_log;
 mod tls;
+mod unauthenticated;
 mod unsaved;
 
 use std::net::SocketAddr;

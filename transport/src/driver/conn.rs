@@ -27,9 +27,9 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::admit::{LogGate, PendingGuard, Unauthenticated};
 use super::limits::{bump, Counts, Limits, TokenBucket};
 use super::tls::Tls;
+use super::unauthenticated::{LogGate, PendingGuard, Unauthenticated};
 use crate::backoff::Failure;
 use crate::handshake::{HandshakeConfig, HandshakeError};
 use crate::message::Envelope;

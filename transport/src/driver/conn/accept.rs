@@ -16,9 +16,9 @@ use tracing::{debug, warn};
 use super::{
     refuse, run, server_handshake, ws_fail, ClientConn, ClientStream, Fail, PeerCert, Shared, SUBPROTOCOL,
 };
-use crate::driver::admit::PendingGuard;
 use crate::driver::limits::bump;
 use crate::driver::tls::{self, Tls};
+use crate::driver::unauthenticated::PendingGuard;
 use crate::proto::NodeInfo;
 
 /// Counts an inbound connection for the inbound cap while it lives.
