@@ -575,6 +575,7 @@ fn start_failed(e: roster::Error) -> Fail {
         roster::Error::Setting { message, .. } => Fail::usage(message),
         e @ roster::Error::Tls(_) => Fail::usage(format!("{e}; check --tls-cert, --tls-key and --tls-ca")),
         roster::Error::Invalid(m) => Fail::usage(m),
+        e @ roster::Error::Input(_) => Fail::usage(e.to_string()),
         roster::Error::Listen { ref source, .. } => Fail::bind(source, e.to_string()),
         roster::Error::Start(StartError::Unauthenticated { addr }) => Fail::usage(format!(
             "no cluster secret: an agent without one listens on loopback only, not on {addr}; \

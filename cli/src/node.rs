@@ -232,7 +232,7 @@ impl Node {
         if let Some(t) = s.ttl {
             check_ttl(t).map_err(Error::Invalid)?;
         }
-        roster_registry::metadata_from_pairs(&s.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+        roster_registry::metadata_from_pairs(&s.meta)?;
         if s.checks.len() > crate::check::MAX_CHECKS {
             return Err(Error::Invalid(format!(
                 "{} checks, more than the {} one registration may have",
@@ -274,7 +274,7 @@ impl Node {
                 "the service name {MEMBERS_SERVICE:?} is reserved for roster's members; pick another"
             )));
         }
-        rec.parts().map_err(Error::Invalid)?;
+        rec.parts()?;
         Ok(rec)
     }
 

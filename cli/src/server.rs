@@ -114,6 +114,7 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> ServerMessage {
 fn from_error(e: Error) -> ServerMessage {
     match e {
         Error::Invalid(m) => error(ErrorKind::Invalid, m),
+        e @ Error::Input(_) => error(ErrorKind::Invalid, e.to_string()),
         Error::Setting { message, .. } => error(ErrorKind::Invalid, message),
         Error::NotFound(m) => error(ErrorKind::NotFound, m),
         Error::OwnedElsewhere(m) => error(ErrorKind::Failed, m),

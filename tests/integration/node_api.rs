@@ -139,16 +139,37 @@ async fn a_node_resumes_its_identity_and_registrations_from_its_data_dir() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_to_register_is_refused_and_changes_nothing() {
     let a = node(None, &[]).await;
-    for s in [
-        Service::new("Not Valid", "127.0.0.1:1"),
-        Service::new("web", "nohost"),
-        Service::new("web", "127.0.0.1:1").meta("k", "v".repeat(5_000)),
-        Service::new("web", "127.0.0.1:1").id("has space"),
-        Service::new("roster", "127.0.0.1:1"),
-        Service::new("web", "127.0.0.1:1").ttl(Duration::from_millis(10)),
+    use roster::registry::InvalidInput as I;
+    // The registry's rules come back typed (`Error::Input`), the node's own as a message.
+    let typed = |r: &Result<_, roster::Error>, want: fn(&I) -> bool| matches!(r, Err(e) if e.is_invalid() && e.invalid_input().is_some_and(want));
+    for (s, want) in [
+        (
+            Service::new("Not Valid", "127.0.0.1:1"),
+            Some((|e| matches!(e, I::ServiceName { .. })) as fn(&I) -> bool),
+        ),
+        (
+            Service::new("web", "nohost"),
+            Some(|e| matches!(e, I::Endpoint { .. })),
+        ),
+        (
+            Service::new("web", "127.0.0.1:1").meta("k", "v".repeat(5_000)),
+            Some(|e| matches!(e, I::Metadata { .. })),
+        ),
+        (
+            Service::new("web", "127.0.0.1:1").id("has space"),
+            Some(|e| matches!(e, I::ProviderId { .. })),
+        ),
+        (Service::new("roster", "127.0.0.1:1"), None),
+        (
+            Service::new("web", "127.0.0.1:1").ttl(Duration::from_millis(10)),
+            None,
+        ),
     ] {
-        let r = a.register(s.clone()).await;
-        assert!(matches!(r, Err(roster::Error::Invalid(_))), "{s:?}: {r:?}");
+        let r = a.register(s.clone()).await.map(drop);
+        match want {
+            Some(want) => assert!(typed(&r, want), "{s:?}: {r:?}"),
+            None => assert!(matches!(r, Err(roster::Error::Invalid(_))), "{s:?}: {r:?}"),
+        }
     }
     assert!(a.services().is_empty());
     assert!(matches!(
@@ -330,7 +351,10 @@ async fn an_agent_refuses_a_key_given_twice_a_ttl_over_a_day_and_hosts_that_are_
     let twice = a
         .register(Service::new("web", "10.0.0.1:80").meta("k", "1").meta("k", "2"))
         .await;
-    assert!(matches!(twice, Err(roster::Error::Invalid(_))), "{twice:?}");
+    assert!(
+        matches!(&twice, Err(e) if matches!(e.invalid_input(), Some(roster::registry::InvalidInput::Metadata { .. }))),
+        "{twice:?}"
+    );
     let long = a
         .register(Service::new("web", "10.0.0.1:80").ttl(Duration::from_secs(25 * 3600)))
         .await;

@@ -69,6 +69,7 @@ impl From<roster::Error> for ApiError {
         use roster::Error as E;
         match e {
             E::Invalid(m) => Self::invalid(m),
+            e @ E::Input(_) => Self::invalid(e.to_string()),
             E::Setting { message, .. } => Self::invalid(message),
             E::NotFound(m) => Self::not_found(m),
             E::OwnedElsewhere(m) => Self::new(StatusCode::CONFLICT, "failed", m),

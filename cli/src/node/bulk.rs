@@ -71,7 +71,11 @@ impl Node {
         let regs = recs
             .iter()
             .enumerate()
-            .map(|(i, r)| r.registration().map(Arc::new).map_err(|e| item_error(i, e)))
+            .map(|(i, r)| {
+                r.registration()
+                    .map(Arc::new)
+                    .map_err(|e| item_error(i, e.to_string()))
+            })
             .collect::<Result<Vec<_>, Error>>()?;
         if self.is_stopped() {
             return Err(Error::Stopped);

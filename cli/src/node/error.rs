@@ -13,9 +13,13 @@ use crate::store::StoreError;
 /// address`, not the variant's fields.
 #[derive(thiserror::Error)]
 pub enum Error {
-    /// Bad input: a name, an address, metadata, a TTL.
+    /// Bad input: a TTL, a check, a batch (what the node itself checks).
     #[error("{0}")]
     Invalid(String),
+    /// Bad input the registry refused, with its typed reason: a service name, an instance
+    /// id, an address, metadata or a status note ([`Error::invalid_input`]).
+    #[error(transparent)]
+    Input(#[from] roster_registry::InvalidInput),
     /// A setting of the [`NodeBuilder`](crate::NodeBuilder) is out of range or malformed;
     /// nothing started.
     #[error("{message}")]
@@ -82,6 +86,21 @@ fn listen_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+impl Error {
+    /// The registry's typed reason, when the registry refused the input.
+    pub fn invalid_input(&self) -> Option<&roster_registry::InvalidInput> {
+        match self {
+            Error::Input(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the input was refused (either kind): nothing was tried.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, Error::Invalid(_) | Error::Input(_))
+    }
+}
+
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)
@@ -92,7 +111,7 @@ impl From<DriverError> for Error {
     fn from(e: DriverError) -> Self {
         match e {
             DriverError::Stopped => Error::Stopped,
-            DriverError::Invalid(e) => Error::Invalid(e.to_string()),
+            DriverError::Invalid(e) => Error::Input(e),
             e @ DriverError::InvalidItem { .. } => Error::Invalid(e.to_string()),
         }
     }

@@ -40,8 +40,8 @@ impl Node {
     /// [`Error::Invalid`] for a bad name; [`Error::NotFound`] when no node holds it here;
     /// [`Error::Store`]; [`Error::Stopped`].
     pub async fn remove_as_operator(&self, service: &str, instance: &str) -> Result<(), Error> {
-        let s = ServiceName::new(service).map_err(|e| Error::Invalid(e.to_string()))?;
-        let p = ProviderId::new(instance).map_err(|e| Error::Invalid(e.to_string()))?;
+        let s = ServiceName::new(service)?;
+        let p = ProviderId::new(instance)?;
         if self.inner.owned.lock().await.contains_key(&RegKey {
             service: s.clone(),
             provider: p.clone(),

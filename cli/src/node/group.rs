@@ -178,7 +178,7 @@ impl Node {
 
     /// The checks of one registration, made under the lock that orders writes.
     fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<Arc<OwnedRegistration>, Error> {
-        let reg = Arc::new(rec.registration().map_err(Error::Invalid)?);
+        let reg = Arc::new(rec.registration()?);
         if self.is_stopped() {
             return Err(Error::Stopped);
         }

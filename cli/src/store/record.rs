@@ -1,6 +1,6 @@
 //! A registration this node owns, as saved, and the keys it is saved under.
 
-use roster_registry::{Endpoint, Health, Metadata, ProviderId, RegKey, ServiceName, Status};
+use roster_registry::{Endpoint, Health, InvalidInput, Metadata, ProviderId, RegKey, ServiceName, Status};
 use roster_transport::proto::OwnedRegistration;
 use serde::{Deserialize, Serialize};
 
@@ -91,11 +91,11 @@ impl OwnedRecord {
     /// The registration to write into the replica, checked.
     ///
     /// # Errors
-    /// A message naming the rule a part breaks.
-    pub fn registration(&self) -> Result<OwnedRegistration, String> {
+    /// The rule a part breaks.
+    pub fn registration(&self) -> Result<OwnedRegistration, InvalidInput> {
         let (service, provider, endpoint, meta) = self.parts()?;
         let status = self.effective_status();
-        status.validate().map_err(|e| e.to_string())?;
+        status.validate()?;
         Ok(OwnedRegistration {
             service,
             provider,
@@ -109,13 +109,13 @@ impl OwnedRecord {
     /// The typed parts, checked.
     ///
     /// # Errors
-    /// A message naming the rule a part breaks.
-    pub fn parts(&self) -> Result<(ServiceName, ProviderId, Endpoint, Metadata), String> {
-        let service = ServiceName::new(&self.service).map_err(|e| e.to_string())?;
-        let provider = ProviderId::new(&self.instance).map_err(|e| e.to_string())?;
-        let endpoint = Endpoint::parse(&self.address).map_err(|e| e.to_string())?;
+    /// The rule a part breaks.
+    pub fn parts(&self) -> Result<(ServiceName, ProviderId, Endpoint, Metadata), InvalidInput> {
+        let service = ServiceName::new(&self.service)?;
+        let provider = ProviderId::new(&self.instance)?;
+        let endpoint = Endpoint::parse(&self.address)?;
         let meta: Metadata = self.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        roster_registry::validate_metadata(&meta).map_err(|e| e.to_string())?;
+        roster_registry::validate_metadata(&meta)?;
         Ok((service, provider, endpoint, meta))
     }
 }
