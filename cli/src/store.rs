@@ -41,7 +41,7 @@ use journal::Journal;
 pub use journal::JOURNAL_FILE;
 use open::{open_error, read_id};
 pub use record::OwnedRecord;
-pub(crate) use record::{key, split_key};
+pub(crate) use record::{key, reg_key, split_key};
 
 /// The file in the data directory.
 pub const STORE_FILE: &str = "roster.redb";

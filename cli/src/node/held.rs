@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use roster_registry::{Health, ProviderId, RegKey, ServiceName, Status};
+use roster_registry::{Health, RegKey, Status};
 use roster_transport::proto::OwnedRegistration;
 
 use crate::check::Check;
@@ -38,12 +38,7 @@ struct OwnerOnly {
 
 /// The key of the owned map for an instance named by strings; `None` when either name is
 /// not valid, which no owned registration has.
-pub(crate) fn key_of(service: &str, instance: &str) -> Option<RegKey> {
-    Some(RegKey {
-        service: ServiceName::new(service).ok()?,
-        provider: ProviderId::new(instance).ok()?,
-    })
-}
+pub(crate) use crate::store::reg_key as key_of;
 
 /// The key of the owned map for a record.
 pub(crate) fn record_key(rec: &OwnedRecord) -> Option<RegKey> {

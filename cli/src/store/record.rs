@@ -125,10 +125,16 @@ pub(crate) fn key(service: &str, instance: &str) -> String {
     format!("{service}/{instance}")
 }
 
+/// The key of an instance named by strings; `None` when either name is not valid.
+pub(crate) fn reg_key(service: &str, instance: &str) -> Option<RegKey> {
+    Some(RegKey {
+        service: ServiceName::new(service).ok()?,
+        provider: ProviderId::new(instance).ok()?,
+    })
+}
+
+/// The key of an instance from its store key (`service/instance`).
 pub(crate) fn split_key(k: &str) -> Option<RegKey> {
     let (s, p) = k.split_once('/')?;
-    Some(RegKey {
-        service: ServiceName::new(s).ok()?,
-        provider: ProviderId::new(p).ok()?,
-    })
+    reg_key(s, p)
 }
