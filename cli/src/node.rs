@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::store::{OwnedRecord, Store, StoreHealth};
+use crate::store::{OwnedRecord, Parts, Store, StoreHealth};
 
 mod builder;
 mod bulk;
@@ -227,7 +227,8 @@ impl Node {
         id
     }
 
-    fn record(&self, s: &Service) -> Result<OwnedRecord, Error> {
+    /// The record of `s`, checked, and its parts parsed (once: the commit uses them).
+    fn record(&self, s: &Service) -> Result<(OwnedRecord, Parts), Error> {
         let instance = s.id.clone().unwrap_or_else(|| self.default_instance(&s.name));
         if let Some(t) = s.ttl {
             check_ttl(t).map_err(Error::Invalid)?;
@@ -274,8 +275,8 @@ impl Node {
                 "the service name {MEMBERS_SERVICE:?} is reserved for roster's members; pick another"
             )));
         }
-        rec.parts()?;
-        Ok(rec)
+        let parts = rec.parts()?;
+        Ok((rec, parts))
     }
 
     /// Registers an instance this node owns and keeps alive until it is deregistered (or
@@ -284,12 +285,13 @@ impl Node {
     /// [`Registration::keep`] to keep it registered past the handle.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a bad name, address or metadata; [`Error::Store`];
+    /// [`Error::Input`] for a bad name, address or metadata, [`Error::Invalid`] for a bad
+    /// ttl or check or the reserved name; [`Error::Store`];
     /// [`Error::Stopped`]. Nothing changed.
     pub async fn register(&self, service: Service) -> Result<Registration, Error> {
-        let rec = self.record(&service)?;
+        let (rec, parts) = self.record(&service)?;
         let (service, instance) = (rec.service.clone(), rec.instance.clone());
-        self.put(rec).await?;
+        self.put(rec, parts).await?;
         Ok(Registration {
             node: self.clone(),
             service,
@@ -304,9 +306,9 @@ impl Node {
     /// # Errors
     /// As [`Node::register`].
     pub async fn register_owned(&self, service: Service) -> Result<String, Error> {
-        let rec = self.record(&service)?;
+        let (rec, parts) = self.record(&service)?;
         let instance = rec.instance.clone();
-        self.put(rec).await?;
+        self.put(rec, parts).await?;
         Ok(instance)
     }
 

@@ -40,8 +40,8 @@ pub use health::{StoreHealth, FIRST_RETRY, MAX_RETRY};
 use journal::Journal;
 pub use journal::JOURNAL_FILE;
 use open::{open_error, read_id};
-pub use record::OwnedRecord;
 pub(crate) use record::{key, reg_key, split_key};
+pub use record::{OwnedRecord, Parts};
 
 /// The file in the data directory.
 pub const STORE_FILE: &str = "roster.redb";

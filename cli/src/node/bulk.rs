@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::held::{record_key, Held};
 use super::{Error, Node, Registration, Service};
-use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
+use crate::store::{OwnedRecord, Parts, Store, COUNTER_RESERVE};
 
 /// The most registrations one [`Node::register_many`] (one `RegisterMany` request) takes:
 /// well under the entries a peer accepts in one delta
@@ -59,20 +59,21 @@ impl Node {
     /// crash between the two could leave dots minted above the floor on disk, and the
     /// restarted node would mint them again.) Returns each (service, instance id).
     async fn put_many(&self, services: Vec<Service>) -> Result<Vec<(String, String)>, Error> {
-        let recs = self.records(&services)?;
+        let checked = self.records(&services)?;
         let mut owned = self.inner.owned.lock().await;
-        let recs: Vec<OwnedRecord> = recs
+        let (recs, parts): (Vec<OwnedRecord>, Vec<Parts>) = checked
             .into_iter()
-            .map(|r| match record_key(&r).and_then(|k| owned.get(&k)) {
-                Some(before) => super::group::carry_over(r, before),
-                None => r,
+            .map(|(r, p)| match record_key(&r).and_then(|k| owned.get(&k)) {
+                Some(before) => (super::group::carry_over(r, before), p),
+                None => (r, p),
             })
-            .collect();
+            .unzip();
         let regs = recs
             .iter()
+            .zip(parts)
             .enumerate()
-            .map(|(i, r)| {
-                r.registration()
+            .map(|(i, (r, p))| {
+                r.registration_of(p)
                     .map(Arc::new)
                     .map_err(|e| item_error(i, e.to_string()))
             })
@@ -124,7 +125,7 @@ impl Node {
     }
 
     /// The records of a batch, each checked as `register` checks one, and no key twice.
-    fn records(&self, services: &[Service]) -> Result<Vec<OwnedRecord>, Error> {
+    fn records(&self, services: &[Service]) -> Result<Vec<(OwnedRecord, Parts)>, Error> {
         if services.len() > MAX_BATCH_ITEMS {
             return Err(Error::Invalid(format!(
                 "{} registrations in one batch; send at most {MAX_BATCH_ITEMS} per batch",
@@ -134,7 +135,7 @@ impl Node {
         let mut first: BTreeMap<String, usize> = BTreeMap::new();
         let mut recs = Vec::with_capacity(services.len());
         for (i, s) in services.iter().enumerate() {
-            let rec = self.record(s).map_err(|e| item_error(i, e))?;
+            let (rec, parts) = self.record(s).map_err(|e| item_error(i, e))?;
             if let Some(j) = first.insert(rec.key(), i) {
                 return Err(item_error(
                     i,
@@ -144,7 +145,7 @@ impl Node {
                     ),
                 ));
             }
-            recs.push(rec);
+            recs.push((rec, parts));
         }
         Ok(recs)
     }

@@ -37,7 +37,7 @@ impl Node {
     /// deregister it there instead. One this node owns is deregistered as usual.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a bad name; [`Error::NotFound`] when no node holds it here;
+    /// [`Error::Input`] for a bad name; [`Error::NotFound`] when no node holds it here;
     /// [`Error::Store`]; [`Error::Stopped`].
     pub async fn remove_as_operator(&self, service: &str, instance: &str) -> Result<(), Error> {
         let s = ServiceName::new(service)?;

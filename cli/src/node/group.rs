@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::held::{record_key, Held};
 use super::{Error, Node, Service};
-use crate::store::{OwnedRecord, Store, COUNTER_RESERVE};
+use crate::store::{OwnedRecord, Parts, Store, COUNTER_RESERVE};
 
 /// The most registrations one commit takes. The replica mints their dots before the
 /// commit raises the counter floor on disk, so a group must stay well under the counters a
@@ -43,6 +43,8 @@ pub(crate) struct Queue {
 #[derive(Debug)]
 struct Queued {
     rec: OwnedRecord,
+    /// Its parts as parsed when it came in; `None` for a record the node rebuilt itself.
+    parts: Option<Parts>,
     /// A registration as a client asked for it, which keeps what the node knows of an
     /// instance it already owns (see [`carry_over`]); else a rewrite of an owned record by
     /// the node itself (a status change), written as it is.
@@ -58,34 +60,33 @@ struct Admitted {
 }
 
 impl Node {
-    /// Registers `rec` with the next commit, and waits for it.
-    pub(super) async fn put(&self, rec: OwnedRecord) -> Result<(), Error> {
-        self.enqueue(rec).await.unwrap_or(Err(Error::Stopped))
+    /// Registers `rec` (of `parts`) with the next commit, and waits for it.
+    pub(super) async fn put(&self, rec: OwnedRecord, parts: Parts) -> Result<(), Error> {
+        self.queue(rec, Some(parts), true)
+            .await
+            .unwrap_or(Err(Error::Stopped))
     }
 
     /// Writes `rec`, an owned record the node changed itself (its status), as it is.
     pub(super) async fn rewrite(&self, rec: OwnedRecord) -> Result<(), Error> {
-        self.queue(rec, false).await.unwrap_or(Err(Error::Stopped))
+        self.queue(rec, None, false).await.unwrap_or(Err(Error::Stopped))
     }
 
     /// Registers as [`Node::register_owned`], without waiting: returns the instance id and
     /// the answer to wait for. The order of calls is the order of the writes.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a bad name, address, metadata or ttl; nothing is queued.
+    /// [`Error::Input`] for a bad name, address or metadata, [`Error::Invalid`] for a bad
+    /// ttl or check; nothing is queued.
     pub(crate) fn register_queued(&self, service: &Service) -> Result<(String, Answer), Error> {
-        let rec = self.record(service)?;
+        let (rec, parts) = self.record(service)?;
         let instance = rec.instance.clone();
-        Ok((instance, self.enqueue(rec)))
+        Ok((instance, self.queue(rec, Some(parts), true)))
     }
 
     /// Queues `rec` for the next commit and returns its answer. It returns at once, so the
     /// order of calls is the order of the writes (a later write to the same instance wins).
-    pub(crate) fn enqueue(&self, rec: OwnedRecord) -> Answer {
-        self.queue(rec, true)
-    }
-
-    pub(super) fn queue(&self, rec: OwnedRecord, fresh: bool) -> Answer {
+    pub(super) fn queue(&self, rec: OwnedRecord, parts: Option<Parts>, fresh: bool) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self
@@ -93,7 +94,12 @@ impl Node {
                 .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            q.items.push(Queued { rec, fresh, reply });
+            q.items.push(Queued {
+                rec,
+                parts,
+                fresh,
+                reply,
+            });
             !std::mem::replace(&mut q.running, true)
         };
         if start {
@@ -135,17 +141,19 @@ impl Node {
             .into_iter()
             .map(
                 |q| match (q.fresh, record_key(&q.rec).and_then(|k| owned.get(&k))) {
-                    (true, Some(before)) => (carry_over(q.rec, before), q.reply),
-                    _ => (q.rec, q.reply),
+                    (true, Some(before)) => (carry_over(q.rec, before), q.parts, q.reply),
+                    _ => (q.rec, q.parts, q.reply),
                 },
             )
-            .filter_map(|(rec, reply)| match self.admit(&rec, store.as_deref()) {
-                Ok(reg) => Some(Admitted { rec, reg, reply }),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                    None
-                }
-            })
+            .filter_map(
+                |(rec, parts, reply)| match self.admit(&rec, parts, store.as_deref()) {
+                    Ok(reg) => Some(Admitted { rec, reg, reply }),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        None
+                    }
+                },
+            )
             .collect();
         let admitted = self.write_replica(admitted).await;
         if admitted.is_empty() {
@@ -177,8 +185,17 @@ impl Node {
     }
 
     /// The checks of one registration, made under the lock that orders writes.
-    fn admit(&self, rec: &OwnedRecord, store: Option<&Store>) -> Result<Arc<OwnedRegistration>, Error> {
-        let reg = Arc::new(rec.registration()?);
+    fn admit(
+        &self,
+        rec: &OwnedRecord,
+        parts: Option<Parts>,
+        store: Option<&Store>,
+    ) -> Result<Arc<OwnedRegistration>, Error> {
+        let reg = match parts {
+            Some(parts) => rec.registration_of(parts)?,
+            None => rec.registration()?,
+        };
+        let reg = Arc::new(reg);
         if self.is_stopped() {
             return Err(Error::Stopped);
         }

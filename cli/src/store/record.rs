@@ -93,14 +93,22 @@ impl OwnedRecord {
     /// # Errors
     /// The rule a part breaks.
     pub fn registration(&self) -> Result<OwnedRegistration, InvalidInput> {
-        let (service, provider, endpoint, meta) = self.parts()?;
+        self.registration_of(self.parts()?)
+    }
+
+    /// The registration to write into the replica, of this record's `parts` as already
+    /// checked (a registration is parsed once, when it comes in).
+    ///
+    /// # Errors
+    /// The status breaks a rule.
+    pub fn registration_of(&self, parts: Parts) -> Result<OwnedRegistration, InvalidInput> {
         let status = self.effective_status();
         status.validate()?;
         Ok(OwnedRegistration {
-            service,
-            provider,
-            endpoint,
-            meta,
+            service: parts.service,
+            provider: parts.provider,
+            endpoint: parts.endpoint,
+            meta: parts.meta,
             status,
             since_ms: self.registered_at_ms,
         })
@@ -110,14 +118,30 @@ impl OwnedRecord {
     ///
     /// # Errors
     /// The rule a part breaks.
-    pub fn parts(&self) -> Result<(ServiceName, ProviderId, Endpoint, Metadata), InvalidInput> {
-        let service = ServiceName::new(&self.service)?;
-        let provider = ProviderId::new(&self.instance)?;
-        let endpoint = Endpoint::parse(&self.address)?;
+    pub fn parts(&self) -> Result<Parts, InvalidInput> {
         let meta: Metadata = self.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         roster_registry::validate_metadata(&meta)?;
-        Ok((service, provider, endpoint, meta))
+        Ok(Parts {
+            service: ServiceName::new(&self.service)?,
+            provider: ProviderId::new(&self.instance)?,
+            endpoint: Endpoint::parse(&self.address)?,
+            meta,
+        })
     }
+}
+
+/// What a record's registration is made of, besides its status and age: its strings
+/// parsed into the registry's types and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts {
+    /// The service.
+    pub service: ServiceName,
+    /// The instance (provider) id.
+    pub provider: ProviderId,
+    /// Where it listens.
+    pub endpoint: Endpoint,
+    /// Its metadata.
+    pub meta: Metadata,
 }
 
 pub(crate) fn key(service: &str, instance: &str) -> String {
