@@ -43,12 +43,11 @@ pub(crate) struct Queue {
 #[derive(Debug)]
 struct Queued {
     rec: OwnedRecord,
-    /// Its parts as parsed when it came in; `None` for a record the node rebuilt itself.
+    /// `Some`: a registration as a client asked for it, with its parts as parsed when it
+    /// came in, which keeps what the node knows of an instance it already owns (see
+    /// [`carry_over`]). `None`: a rewrite of an owned record by the node itself (a status
+    /// change), written as it is.
     parts: Option<Parts>,
-    /// A registration as a client asked for it, which keeps what the node knows of an
-    /// instance it already owns (see [`carry_over`]); else a rewrite of an owned record by
-    /// the node itself (a status change), written as it is.
-    fresh: bool,
     reply: Reply,
 }
 
@@ -62,14 +61,12 @@ struct Admitted {
 impl Node {
     /// Registers `rec` (of `parts`) with the next commit, and waits for it.
     pub(super) async fn put(&self, rec: OwnedRecord, parts: Parts) -> Result<(), Error> {
-        self.queue(rec, Some(parts), true)
-            .await
-            .unwrap_or(Err(Error::Stopped))
+        self.queue(rec, Some(parts)).await.unwrap_or(Err(Error::Stopped))
     }
 
     /// Writes `rec`, an owned record the node changed itself (its status), as it is.
     pub(super) async fn rewrite(&self, rec: OwnedRecord) -> Result<(), Error> {
-        self.queue(rec, None, false).await.unwrap_or(Err(Error::Stopped))
+        self.queue(rec, None).await.unwrap_or(Err(Error::Stopped))
     }
 
     /// Registers as [`Node::register_owned`], without waiting: returns the instance id and
@@ -81,12 +78,12 @@ impl Node {
     pub(crate) fn register_queued(&self, service: &Service) -> Result<(String, Answer), Error> {
         let (rec, parts) = self.record(service)?;
         let instance = rec.instance.clone();
-        Ok((instance, self.queue(rec, Some(parts), true)))
+        Ok((instance, self.queue(rec, Some(parts))))
     }
 
     /// Queues `rec` for the next commit and returns its answer. It returns at once, so the
     /// order of calls is the order of the writes (a later write to the same instance wins).
-    pub(super) fn queue(&self, rec: OwnedRecord, parts: Option<Parts>, fresh: bool) -> Answer {
+    pub(super) fn queue(&self, rec: OwnedRecord, parts: Option<Parts>) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self
@@ -94,12 +91,7 @@ impl Node {
                 .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            q.items.push(Queued {
-                rec,
-                parts,
-                fresh,
-                reply,
-            });
+            q.items.push(Queued { rec, parts, reply });
             !std::mem::replace(&mut q.running, true)
         };
         if start {
@@ -140,7 +132,7 @@ impl Node {
         let admitted: Vec<Admitted> = group
             .into_iter()
             .map(
-                |q| match (q.fresh, record_key(&q.rec).and_then(|k| owned.get(&k))) {
+                |q| match (q.parts.is_some(), record_key(&q.rec).and_then(|k| owned.get(&k))) {
                     (true, Some(before)) => (carry_over(q.rec, before), q.parts, q.reply),
                     _ => (q.rec, q.parts, q.reply),
                 },

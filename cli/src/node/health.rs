@@ -48,7 +48,7 @@ impl Node {
             rec.maintenance = reason.map(str::to_string);
             if rec.effective_status() != before {
                 changed.push(rec.key());
-                answers.push(self.queue(rec, None, false));
+                answers.push(self.queue(rec, None));
             }
         }
         for answer in answers {
