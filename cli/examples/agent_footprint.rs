@@ -20,7 +20,7 @@
 //! asserted about them.
 //!
 //! ```sh
-//! CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 cargo build --release -p roster --bin roster --example agent_footprint
+//! CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 cargo build --release -p roster-cli --bin roster --example agent_footprint
 //! target/release/examples/agent_footprint --n 10000
 //! ```
 //!

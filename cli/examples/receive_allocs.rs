@@ -3,8 +3,8 @@
 //! allocator counts what the node's threads allocate.
 //!
 //! ```sh
-//! cargo build --release -p roster     # the writer runs target/release/roster
-//! cargo run --release -p roster --example receive_allocs -- --n 1000 --rate 100 --secs 10
+//! cargo build --release -p roster-cli     # the writer runs target/release/roster
+//! cargo run --release -p roster-cli --example receive_allocs -- --n 1000 --rate 100 --secs 10
 //! ```
 //!
 //! The writer is a `roster agent` (temporary data directory, killed by its pid at the end);
@@ -101,7 +101,7 @@ fn writer(dir: &Path) -> Result<(Writer, String), Error> {
     let bin = exe.parent().and_then(Path::parent).map(|d| d.join("roster"));
     let bin = bin
         .filter(|p| p.is_file())
-        .ok_or("no roster binary beside this example; run `cargo build --release -p roster` first")?;
+        .ok_or("no roster binary beside this example; run `cargo build --release -p roster-cli` first")?;
     let mut child = Command::new(bin)
         .env("ROSTER_HTTP_LISTEN", "127.0.0.1:0")
         .env("ROSTER_LOG", "error")

@@ -3,9 +3,9 @@
 //! every node shows it.
 //!
 //! ```sh
-//! cargo build --release -p roster     # the agents run target/release/roster
-//! cargo run --release -p roster --example churn_cost -- --n 1000,10000 --rate 100 --secs 20
-//! cargo run --release -p roster --example churn_cost -- max-rate --n 1000 --secs 10 --batch 100
+//! cargo build --release -p roster-cli     # the agents run target/release/roster
+//! cargo run --release -p roster-cli --example churn_cost -- --n 1000,10000 --rate 100 --secs 20
+//! cargo run --release -p roster-cli --example churn_cost -- max-rate --n 1000 --secs 10 --batch 100
 //! ```
 //!
 //! For each `N` of `--n` (default `1000,10000`), a fresh cluster: agents `a`, `b` and `c`

@@ -17,7 +17,7 @@ pub fn roster_binary() -> Result<PathBuf, Error> {
         .map(|d| d.join("roster"))
         .filter(|p| p.is_file());
     bin.ok_or_else(|| {
-        "no roster binary beside this example; run `cargo build --release -p roster` first".into()
+        "no roster binary beside this example; run `cargo build --release -p roster-cli` first".into()
     })
 }
 

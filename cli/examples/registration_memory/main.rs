@@ -3,14 +3,14 @@
 //! more peer serving a watch; and the wall time of `roster register --from-file` of `N`.
 //!
 //! ```sh
-//! cargo build --release -p roster     # the agents run target/release/roster
-//! cargo run --release -p roster --example registration_memory -- --n 10000,100000
+//! cargo build --release -p roster-cli     # the agents run target/release/roster
+//! cargo run --release -p roster-cli --example registration_memory -- --n 10000,100000
 //! ```
 //!
 //! or, building only what it runs (faster):
 //!
 //! ```sh
-//! CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 cargo build --release -p roster --bin roster --example registration_memory
+//! CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 cargo build --release -p roster-cli --bin roster --example registration_memory
 //! target/release/examples/registration_memory --n 10000,100000
 //! ```
 //!

@@ -54,7 +54,7 @@ use session::run;
 pub(super) const SUBPROTOCOL: &str = "roster.v1";
 /// The application's own protocol, served on the node's listener beside the peers'
 /// (`roster.v1`): a connection that asks for `name` is upgraded and handed to `conns`.
-/// The transport knows nothing else of it (the agent's client protocol lives in `cli/`).
+/// The transport knows nothing else of it (the agent's client protocol lives in `node/`).
 #[derive(Debug, Clone)]
 pub struct ClientProtocol {
     /// The WebSocket subprotocol clients ask for; not the peers' `roster.v1`.

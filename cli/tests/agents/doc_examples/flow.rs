@@ -55,10 +55,10 @@ impl Flow {
         for dir in ["home", "work/target/release", "bin"] {
             std::fs::create_dir_all(root.path().join(dir)).unwrap();
         }
-        // The README's `./target/release/roster` and `cargo run --release -p roster --`
+        // The README's `./target/release/roster` and `cargo run --release -p roster-cli --`
         // are the binary under test.
         std::os::unix::fs::symlink(crate::BIN, root.path().join("work/target/release/roster")).unwrap();
-        let cargo = "#!/bin/sh\n[ \"$1 $2 $3 $4 $5\" = 'run --release -p roster --' ] || { echo \"doc-test: only cargo run --release -p roster -- runs here\" >&2; exit 127; }\nshift 5\nexec roster \"$@\"\n";
+        let cargo = "#!/bin/sh\n[ \"$1 $2 $3 $4 $5\" = 'run --release -p roster-cli --' ] || { echo \"doc-test: only cargo run --release -p roster-cli -- runs here\" >&2; exit 127; }\nshift 5\nexec roster \"$@\"\n";
         let shim = root.path().join("bin/cargo");
         std::fs::write(&shim, cargo).unwrap();
         use std::os::unix::fs::PermissionsExt;
