@@ -8,7 +8,7 @@ use roster::registry::{metadata_from_pairs, Endpoint, ProviderId, ServiceName};
 use roster::transport::driver::ClientTls;
 use roster::transport::handshake::Secret;
 
-use crate::{bulk_file, output, ClientArgs, Fail};
+use crate::{instances_file, output, ClientArgs, Fail};
 
 /// What `--agent`, `--cluster-secret-file` and the TLS flags ask for, checked and loaded.
 pub(crate) fn settings(c: &ClientArgs) -> Result<(Option<Secret>, Option<ClientTls>), Fail> {
@@ -162,10 +162,10 @@ pub async fn register(
 /// each registered all or none.
 pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Result<(), Fail> {
     let name = path.display().to_string();
-    let lines = bulk_file::read(path)?;
+    let lines = instances_file::read(path)?;
     let mut client = connect(c).await?;
     let mut done: Vec<(String, String)> = Vec::with_capacity(lines.len());
-    for batch in bulk_file::batches(&lines) {
+    for batch in instances_file::batches(&lines) {
         let items: Vec<RegisterItem> = batch.iter().map(|l| l.item.clone()).collect();
         let answer = client
             .request(Request::RegisterMany { items })
@@ -185,7 +185,7 @@ pub async fn register_from_file(c: &ClientArgs, path: &std::path::Path) -> Resul
             Ok(other) => refused(other),
             Err(f) => f,
         };
-        let message = bulk_file::locate(&name, batch, &fail.message);
+        let message = instances_file::locate(&name, batch, &fail.message);
         let before = match (done.len(), batch.first()) {
             (0, _) | (_, None) => String::new(),
             (n, Some(l)) => format!(" (the {n} instances before line {} are registered)", l.number),

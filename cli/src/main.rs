@@ -3,13 +3,13 @@
 //! Exit codes: [`exit::Exit`], the table of docs/reference/cli.md.
 
 mod agent;
-mod bulk_file;
 mod check_args;
 mod commands;
 mod dns;
 mod exit;
 mod heap_trim;
 mod http;
+mod instances_file;
 mod output;
 mod watch;
 

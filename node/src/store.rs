@@ -19,7 +19,6 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use roster_registry::{ChangedKeys, RegKey, Replica, ReplicaId};
 use tracing::{info, warn};
 
-mod bulk;
 mod disk;
 mod entries;
 #[cfg(test)]
@@ -31,6 +30,7 @@ mod journal;
 mod journal_tests;
 mod load;
 mod open;
+mod own_writes;
 mod record;
 
 #[cfg(test)]

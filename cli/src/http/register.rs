@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::params::{self, Pairs, Params};
 use super::App;
-use crate::bulk_file::RawCheck;
+use crate::instances_file::RawCheck;
 
 /// The largest request body taken (a registration with its metadata and checks).
 pub const MAX_BODY: usize = 64 * 1024;
