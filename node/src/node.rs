@@ -50,7 +50,7 @@ async fn test_node(dir: &std::path::Path) -> Node {
         .await
         .unwrap()
 }
-mod registration;
+mod handle;
 mod summary;
 mod tasks;
 mod unsaved;
@@ -59,8 +59,8 @@ mod watch;
 
 pub use builder::{Damping, NodeBuilder};
 pub use error::Error;
+pub use handle::Registration;
 pub use near::NEAR_AGENT;
-pub use registration::Registration;
 pub use summary::{Changes, StatusCounts};
 use values::ms;
 pub use values::{Event, Instance, Member, MemberState, Service, UNREACHABLE};
