@@ -36,9 +36,9 @@ pub mod store;
 pub use check::Check;
 pub use node::{
     check_ttl, Changes, CrashGuard, Damping, Error, Event, Instance, Member, MemberState, Node, NodeBuilder,
-    Registration, Service, StatusCounts, Watch, DEFAULT_AGENT_URL, DEFAULT_CLUSTER, DEFAULT_CRASH_GUARD,
-    DEFAULT_LEASE_TTL, DEFAULT_LISTEN, DEFAULT_SYNC_MIN_INTERVAL, MAX_BATCH_ITEMS, MAX_REGISTRATION_TTL,
-    MIN_REGISTRATION_TTL, NEAR_AGENT, UNREACHABLE,
+    RegistrationHandle, Service, StatusCounts, Watch, DEFAULT_AGENT_URL, DEFAULT_CLUSTER,
+    DEFAULT_CRASH_GUARD, DEFAULT_LEASE_TTL, DEFAULT_LISTEN, DEFAULT_SYNC_MIN_INTERVAL, MAX_BATCH_ITEMS,
+    MAX_REGISTRATION_TTL, MIN_REGISTRATION_TTL, NEAR_AGENT, UNREACHABLE,
 };
 pub use roster_registry as registry;
 pub use roster_transport as transport;

@@ -59,7 +59,7 @@ mod watch;
 
 pub use builder::{Damping, NodeBuilder};
 pub use error::Error;
-pub use handle::Registration;
+pub use handle::RegistrationHandle;
 pub use near::NEAR_AGENT;
 pub use summary::{Changes, StatusCounts};
 use values::ms;
@@ -282,17 +282,17 @@ impl Node {
     /// Registers an instance this node owns and keeps alive until it is deregistered (or
     /// its `ttl` passes). The registration is on disk when this returns, and peers hear of
     /// it within milliseconds. Dropping the returned handle deregisters it; call
-    /// [`Registration::keep`] to keep it registered past the handle.
+    /// [`RegistrationHandle::keep`] to keep it registered past the handle.
     ///
     /// # Errors
     /// [`Error::Input`] for a bad name, address or metadata, [`Error::Invalid`] for a bad
     /// ttl or check or the reserved name; [`Error::Store`];
     /// [`Error::Stopped`]. Nothing changed.
-    pub async fn register(&self, service: Service) -> Result<Registration, Error> {
+    pub async fn register(&self, service: Service) -> Result<RegistrationHandle, Error> {
         let (rec, parts) = self.record(&service)?;
         let (service, instance) = (rec.service.clone(), rec.instance.clone());
         self.put(rec, parts).await?;
-        Ok(Registration {
+        Ok(RegistrationHandle {
             node: self.clone(),
             service,
             instance,
@@ -347,7 +347,7 @@ impl Node {
 
     /// Removes an instance this node owns (from disk first, then from the cluster), and
     /// returns once the removal was handed to the connection of every connected peer (see
-    /// [`Registration::deregister`]).
+    /// [`RegistrationHandle::deregister`]).
     ///
     /// # Errors
     /// [`Error::OwnedElsewhere`] when another live node owns it (the error names that

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::held::{record_key, Held};
-use super::{Error, Node, Registration, Service};
+use super::{Error, Node, RegistrationHandle, Service};
 use crate::store::{OwnedRecord, Parts, Store, COUNTER_RESERVE};
 
 /// The most registrations one [`Node::register_many`] (one `RegisterMany` request) takes:
@@ -30,11 +30,11 @@ impl Node {
     /// bad one by its index (`item 3: ...`): a bad name, address, metadata or ttl, or an
     /// instance id given twice; [`Error::OwnedElsewhere`] (also naming the item);
     /// [`Error::Store`]; [`Error::Stopped`]. Nothing changed: none is registered.
-    pub async fn register_many(&self, services: Vec<Service>) -> Result<Vec<Registration>, Error> {
+    pub async fn register_many(&self, services: Vec<Service>) -> Result<Vec<RegistrationHandle>, Error> {
         let ids = self.put_many(services).await?;
         Ok(ids
             .into_iter()
-            .map(|(service, instance)| Registration {
+            .map(|(service, instance)| RegistrationHandle {
                 node: self.clone(),
                 service,
                 instance,

@@ -5,18 +5,18 @@ use tracing::warn;
 use super::{Error, Node};
 
 /// An instance this node keeps registered. Dropping it deregisters the instance (in the
-/// background); [`Registration::deregister`] does it and waits; [`Registration::keep`]
+/// background); [`RegistrationHandle::deregister`] does it and waits; [`RegistrationHandle::keep`]
 /// leaves it registered.
 #[derive(Debug)]
-#[must_use = "dropping a Registration deregisters the instance at once: keep the handle, or call .keep()"]
-pub struct Registration {
+#[must_use = "dropping a RegistrationHandle deregisters the instance at once: keep the handle, or call .keep()"]
+pub struct RegistrationHandle {
     pub(super) node: Node,
     pub(super) service: String,
     pub(super) instance: String,
     pub(super) armed: bool,
 }
 
-impl Registration {
+impl RegistrationHandle {
     /// The instance id.
     pub fn id(&self) -> &str {
         &self.instance
@@ -45,7 +45,7 @@ impl Registration {
     }
 }
 
-impl Drop for Registration {
+impl Drop for RegistrationHandle {
     fn drop(&mut self) {
         if !self.armed || self.node.is_stopped() {
             return;
