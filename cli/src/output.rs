@@ -396,6 +396,10 @@ pub fn status(s: &StatusView) {
         "deaths:          {} peers written dead; {} times written dead and refuted",
         c.deaths_written, c.deaths_refuted
     ));
+    out.push(format!(
+        "clock:           {} times back from ahead of the peers' and own writes stamped again",
+        c.clock_steps_back
+    ));
     text_lines(&out);
 }
 

@@ -343,6 +343,10 @@ pub struct CountersView {
     /// Instances of other nodes an operator removed through this agent.
     #[serde(default)]
     pub operator_removals: u64,
+    /// Times this node's wall clock came back from ahead of its peers' and it wrote what
+    /// it owns again at the true time.
+    #[serde(default)]
+    pub clock_steps_back: u64,
 }
 
 /// This agent.

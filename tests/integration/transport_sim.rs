@@ -455,6 +455,44 @@ fn a_node_whose_wall_clock_steps_back_an_hour_and_forward_again_keeps_renewing_a
     }
 }
 
+/// A wall clock that stepped a year ahead and came back (a bad NTP source, a VM restored
+/// from an old snapshot) locked its node out until a restart: the node's wall time does
+/// not go back, so every write and renewal stayed stamped a year ahead and every peer
+/// refused them as clock skew. A step back beyond the skew peers allow is believed now,
+/// as a restart believes the clock: the node's new writes reach its peers within seconds,
+/// and it sees theirs.
+#[test]
+fn a_node_whose_clock_comes_back_from_a_year_ahead_is_accepted_again_without_a_restart() {
+    let seed = sim_seed("clock_back_from_the_future");
+    let n = 4;
+    let stepped = 1;
+    let year: i64 = 365 * 24 * 3_600_000;
+    let mut sim = converged(n, config(), seed);
+    let mut w = Workload::default();
+    for i in 0..n {
+        w.register(&mut sim, i, 7_000 + i as u16);
+    }
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "the first writes did not converge (seed {seed})"
+    );
+    sim.set_wall_offset(stepped, year);
+    sim.run_for(20_000);
+    sim.set_wall_offset(stepped, 0);
+    sim.run_for(1_000);
+    w.register(&mut sim, stepped, 7_100);
+    let took = settle(&mut sim, 5, |sim| w.all_see_current(sim));
+    assert!(
+        took.is_some(),
+        "5 s after its clock came back from a year ahead, machine {stepped}'s new write had \
+         not reached every peer, or it did not see theirs (seed {seed})"
+    );
+    assert!(
+        settle(&mut sim, 30, Sim::converged).is_some(),
+        "the replicas did not converge after the clock came back (seed {seed})"
+    );
+}
+
 /// `poll_timeout` left out the timer that dials peers lost behind a partition, so a driver
 /// that slept until it could miss it by up to the other timers' spacing.
 #[test]

@@ -257,6 +257,12 @@ impl Snapshot {
         )?;
         counter(
             e,
+            "roster_clock_steps_back",
+            "Times this node's wall clock came back from ahead of its peers' and it wrote what it owns again.",
+            p.clock_steps_back,
+        )?;
+        counter(
+            e,
             "roster_operator_removals",
             "Instances of other nodes an operator removed through this agent.",
             p.operator_removals,

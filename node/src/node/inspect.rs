@@ -147,6 +147,7 @@ impl Node {
                 deaths_written: c.protocol.deaths_written,
                 deaths_refuted: c.protocol.deaths_refuted,
                 operator_removals: c.protocol.operator_removals,
+                clock_steps_back: c.protocol.clock_steps_back,
             },
         })
     }

@@ -17,7 +17,7 @@ impl Node {
         items: Vec<impl Into<Arc<OwnedRegistration>>>,
         now: impl Into<Now>,
     ) -> Result<(), (usize, InvalidInput)> {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let stamp = self.clock.tick(now.wall_ms);
         let ttl_ms = self.lease_ttl(now.wall_ms);
         let items: Vec<Arc<OwnedRegistration>> = items.into_iter().map(Into::into).collect();

@@ -361,7 +361,7 @@ impl Node {
 
     /// A dial failed (or its handshake did). `draw` feeds the backoff jitter.
     pub fn handle_dial_failed(&mut self, target: &DialTarget, failure: Failure, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let draw = self.rng.random::<u64>();
         let policy = self.cfg.backoff;
         match target {
@@ -402,7 +402,7 @@ impl Node {
         seed: Option<&str>,
         now: impl Into<Now>,
     ) -> bool {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         if let Some(url) = seed {
             if let Some(s) = self.seeds.get_mut(url) {
                 s.dialing = None;
@@ -493,7 +493,7 @@ impl Node {
     /// peer behind a dead link is likely still unreachable; dialed again at once, it would
     /// hold the slot for a handshake timeout while a reachable peer waits.
     pub fn handle_dead_link(&mut self, conn: ConnId, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let peer = self.conns.get(&conn).map(|c| c.peer);
         self.disconnected(conn, true, now);
         if let Some(peer) = peer {
@@ -507,7 +507,7 @@ impl Node {
     /// A connection closed (by the peer, the network, or us). Without a goodbye, its peer
     /// is suspected until it shows it is alive (see `liveness`).
     pub fn handle_disconnected(&mut self, conn: ConnId, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         self.disconnected(conn, false, now);
     }
 

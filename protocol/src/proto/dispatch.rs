@@ -25,7 +25,7 @@ impl Node {
         envelope: Envelope,
         now: impl Into<Now>,
     ) -> Result<(), ProtocolError> {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let Some(peer) = self.conns.get(&conn).map(|c| c.peer) else {
             return Err(ProtocolError::UnknownConnection(conn));
         };
@@ -53,6 +53,7 @@ impl Node {
     ) -> Result<(), ProtocolError> {
         if let Some(sent_at) = envelope.sent_at {
             self.clock.observe(sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
+            self.time.heard(sent_at.millis(), now.mono_ms);
         }
         self.heard_from(peer);
         match envelope.message {

@@ -24,7 +24,7 @@ impl Node {
     /// lease when it hears of it (a refutation) and is back, so refusing a connected node
     /// only spares a pointless round.
     pub fn force_dead(&mut self, peer: ReplicaId, now: impl Into<Now>) -> ForcedDeath {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         if peer == self.me.id || self.conns.values().any(|c| c.peer == peer) {
             return ForcedDeath::Answers;
         }
@@ -56,7 +56,7 @@ impl Node {
         if self.owned.contains_key(&(service.clone(), provider.clone())) {
             return self.deregister(service, provider, now);
         }
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let before = self.replica.registrations();
         let Some(applied) = self
             .replica

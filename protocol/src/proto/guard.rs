@@ -55,7 +55,7 @@ impl Node {
     /// outbound connection, no rotation, the long backoff after a failed dial, and no full
     /// state sent unless a peer asks for one (`NeedFull`).
     pub fn set_crash_guard(&mut self, on: bool, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         self.guarded = on;
         if !on {
             self.dial_more(now);

@@ -38,6 +38,7 @@ mod anti_entropy;
 mod borders;
 /// Many owned registrations written in one delta.
 mod bulk;
+mod clock_back;
 mod config;
 /// Dialing, accepting, rotating and closing connections.
 mod connections;
@@ -229,7 +230,7 @@ impl Node {
         now: Now,
         resume: Resume,
     ) -> Result<(Self, Resume), InvalidInput> {
-        let time = WallGuard::new(now);
+        let time = WallGuard::new(now, cfg.max_skew_ms);
         let endpoint = url_endpoint(&me.url)?;
         let meta = member_meta(&me);
         roster_registry::validate_metadata(&meta)?;
@@ -432,7 +433,7 @@ impl Node {
     /// Asks a connected peer for an anti-entropy round (a digest exchange) at once.
     /// Returns whether a peer was connected to ask.
     pub fn sync_now(&mut self, now: impl Into<Now>) -> bool {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         match self.random_connected(1, None).pop() {
             Some(p) if !self.stopping => {
                 self.send_digest(p, now);
@@ -534,7 +535,7 @@ impl Node {
     }
 
     fn depart(&mut self, now: Now, leave: bool) {
-        let now = self.time.input(now);
+        let now = self.input_time(now);
         self.stopping = true;
         let mut farewell = None;
         if leave {

@@ -30,7 +30,7 @@ impl Node {
         meta: Metadata,
         now: impl Into<Now>,
     ) -> Result<(), InvalidInput> {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let key = (service, provider);
         let (status, since_ms) = self
             .owned
@@ -51,7 +51,7 @@ impl Node {
 
     /// Removes an instance this node owns. Returns whether there was one.
     pub fn deregister(&mut self, service: &ServiceName, provider: &ProviderId, now: impl Into<Now>) -> bool {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let key = (service.clone(), provider.clone());
         self.overwrites_repaired.remove(&key);
         let owned = self.owned.remove(&key).is_some();

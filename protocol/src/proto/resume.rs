@@ -69,7 +69,7 @@ impl Node {
     /// Writes again the registrations `resume` names as owned (see
     /// [`Node::with_deferred_resume`]); its other fields were taken at the start.
     pub fn finish_resume(&mut self, resume: Resume, now: impl Into<Now>) -> Resumed {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         self.resume(resume, now)
     }
 

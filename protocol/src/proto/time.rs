@@ -10,6 +10,14 @@
 //! would stop moving and lapse at every peer), and make every peer's message look an hour
 //! ahead, refused as clock skew. A step forward is believed at once: it cannot be told
 //! from the correction of a clock that ran slow.
+//!
+//! A step back further than the clock skew peers allow is believed when it brings the
+//! wall clock back to the peers' (as their stamps tell it): the node's wall time was then
+//! ahead of every peer's by more than they accept, so each of its writes and renewals
+//! would be refused (a clock that ran a year ahead and came back locked its node out for
+//! the year). The node then does what a restart does with a clock set right
+//! (`Node::clock_came_back`). A clock that steps back behind the peers' is still not
+//! believed.
 
 /// The time of an input to the protocol: both clocks, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +51,41 @@ impl From<u64> for Now {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct WallGuard {
     last: Now,
+    /// A step back further than this is believed (the clock skew peers allow).
+    believed_back_ms: u64,
+    /// How far the wall clock stepped back, believed, since the node last asked.
+    stepped_back_ms: Option<u64>,
+    /// The peers' clock as their stamps tell it: the greatest of a peer's stamp less the
+    /// monotonic time it arrived at (`None` until a peer is heard).
+    peers_offset: Option<i64>,
 }
 
 impl WallGuard {
-    pub(super) fn new(now: Now) -> Self {
-        Self { last: now }
+    pub(super) fn new(now: Now, believed_back_ms: u64) -> Self {
+        Self {
+            last: now,
+            believed_back_ms,
+            stepped_back_ms: None,
+            peers_offset: None,
+        }
+    }
+
+    /// A peer's stamp (wall milliseconds), heard at `mono_ms`.
+    pub(super) fn heard(&mut self, stamp_ms: u64, mono_ms: u64) {
+        let offset = i64::try_from(stamp_ms).unwrap_or(i64::MAX) - i64::try_from(mono_ms).unwrap_or(i64::MAX);
+        self.peers_offset = Some(self.peers_offset.map_or(offset, |o| o.max(offset)));
+    }
+
+    /// Whether `now`'s wall clock is within the allowed skew of the peers' (or ahead).
+    fn agrees_with_peers(&self, now: Now) -> bool {
+        let Some(offset) = self.peers_offset else {
+            return false;
+        };
+        let peers_ms = i64::try_from(now.mono_ms)
+            .unwrap_or(i64::MAX)
+            .saturating_add(offset);
+        let wall_ms = i64::try_from(now.wall_ms.saturating_add(self.believed_back_ms)).unwrap_or(i64::MAX);
+        wall_ms >= peers_ms
     }
 
     /// The time of an input, with the wall time the node goes by. A monotonic clock that
@@ -55,9 +93,22 @@ impl WallGuard {
     pub(super) fn input(&mut self, now: Now) -> Now {
         let mono_ms = now.mono_ms.max(self.last.mono_ms);
         let ran = mono_ms - self.last.mono_ms;
-        let wall_ms = now.wall_ms.max(self.last.wall_ms.saturating_add(ran));
+        let ran_on = self.last.wall_ms.saturating_add(ran);
+        let back_ms = ran_on.saturating_sub(now.wall_ms);
+        let wall_ms = if back_ms > self.believed_back_ms && self.agrees_with_peers(Now { mono_ms, ..now }) {
+            self.stepped_back_ms = Some(back_ms);
+            now.wall_ms
+        } else {
+            now.wall_ms.max(ran_on)
+        };
         self.last = Now { mono_ms, wall_ms };
         self.last
+    }
+
+    /// How far the wall clock stepped back, believed, since the last call (see the
+    /// module's documentation).
+    pub(super) fn take_step_back(&mut self) -> Option<u64> {
+        self.stepped_back_ms.take()
     }
 
     /// The wall time of the last input.
@@ -112,7 +163,7 @@ mod tests {
     #[test]
     fn a_wall_clock_that_steps_back_is_not_believed_and_one_that_steps_forward_is() {
         let t0 = 1_700_000_000_000;
-        let mut g = WallGuard::new(Now::at(t0));
+        let mut g = WallGuard::new(Now::at(t0), 2 * H);
         let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
         // An hour back: the node's wall time keeps running with the monotonic clock.
         assert_eq!(g.input(at(t0 + 1_000, t0 + 1_000 - H)).wall_ms, t0 + 1_000);
@@ -127,11 +178,47 @@ mod tests {
     }
 
     #[test]
+    fn a_step_back_to_the_peers_clock_beyond_the_allowed_skew_is_believed_and_reported_once() {
+        let t0 = 1_700_000_000_000;
+        let skew = 5_000;
+        let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
+        // The node's wall clock runs an hour ahead of its peers' (their stamps say t0 at t0).
+        let mut g = WallGuard::new(at(t0, t0 + H), skew);
+        g.heard(t0, t0);
+        // Back by the skew: not believed, nothing reported.
+        assert_eq!(
+            g.input(at(t0 + 1_000, t0 + H + 1_000 - skew)).wall_ms,
+            t0 + H + 1_000
+        );
+        assert_eq!(g.take_step_back(), None);
+        // Back to the peers' clock: believed, and reported once.
+        assert_eq!(g.input(at(t0 + 2_000, t0 + 2_000)).wall_ms, t0 + 2_000);
+        assert_eq!(g.take_step_back(), Some(H));
+        assert_eq!(g.input(at(t0 + 3_000, t0 + 3_000)).wall_ms, t0 + 3_000);
+        assert_eq!(g.take_step_back(), None);
+    }
+
+    #[test]
+    fn a_step_back_behind_the_peers_clock_is_not_believed() {
+        let t0 = 1_700_000_000_000;
+        let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
+        let mut g = WallGuard::new(Now::at(t0), 5_000);
+        // No peer heard yet: nothing to believe it by.
+        assert_eq!(g.input(at(t0 + 500, t0 + 500 - H)).wall_ms, t0 + 500);
+        g.heard(t0 + 500, t0 + 500);
+        assert_eq!(g.input(at(t0 + 1_000, t0 + 1_000 - H)).wall_ms, t0 + 1_000);
+        assert_eq!(g.take_step_back(), None);
+    }
+
+    #[test]
     fn times_convert_between_the_clocks_by_the_last_offset() {
-        let mut g = WallGuard::new(Now {
-            mono_ms: 10,
-            wall_ms: 1_000,
-        });
+        let mut g = WallGuard::new(
+            Now {
+                mono_ms: 10,
+                wall_ms: 1_000,
+            },
+            5_000,
+        );
         g.input(Now {
             mono_ms: 20,
             wall_ms: 1_010,

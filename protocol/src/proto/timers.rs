@@ -68,7 +68,7 @@ impl Node {
 
     /// Runs whatever timers are due at `now` (on its monotonic clock).
     pub fn handle_timeout(&mut self, now: impl Into<Now>) {
-        let now = self.time.input(now.into());
+        let now = self.input_time(now.into());
         let mono = now.mono_ms;
         if self.push_at.is_some_and(|t| t <= mono) {
             self.push_at = None;

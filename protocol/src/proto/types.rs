@@ -138,6 +138,9 @@ pub struct Counters {
     pub deaths_written: u64,
     /// Times this node found itself written dead and renewed its lease.
     pub deaths_refuted: u64,
+    /// Times this node's wall clock came back from ahead of its peers' and it wrote what
+    /// it owns again at the true time (see `Node::clock_came_back`).
+    pub clock_steps_back: u64,
     /// Instances reads stopped showing because their lease ended (not renewed in time).
     pub instances_lapsed: u64,
     /// Pushes on the trees that carried only changes we had (each prunes a link).
