@@ -36,12 +36,7 @@ impl Node {
             Some((id, _)) if connected.contains(&id) => self.send_to_peer(id, hash, now),
             Some((id, Some(url))) if self.may_dial_for_sync(id, members.len(), now) => {
                 self.sync_dial_at = Some(now.mono_ms);
-                let p = self.peers.entry(id).or_default();
-                p.dialing = Some(now.mono_ms);
-                p.sync_dial = true;
-                self.counters.dials += 1;
-                self.counters.exchange_dials += 1;
-                self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
+                self.dial_for_exchange(id, url, now);
             }
             _ => {
                 if let Some(p) = self.random_connected(1, None).pop() {
@@ -61,16 +56,28 @@ impl Node {
             + 1;
         let spacing = self.cfg.sync_dial_interval_ms.saturating_mul(scale);
         let spaced = self.sync_dial_at.is_none_or(|t| now.mono_ms >= t + spacing);
+        spaced && self.may_dial_for_exchange(id, now)
+    }
+
+    /// Whether `id` may be dialed for an exchange, spacing aside: dials are on, no guard
+    /// holds them, and no dial to it is in flight or backing off.
+    pub(super) fn may_dial_for_exchange(&self, id: ReplicaId, now: Now) -> bool {
         let ready = self
             .peers
             .get(&id)
             .is_none_or(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms));
-        self.cfg.dial
-            && self.cfg.sync_dial_interval_ms > 0
-            && !self.guarded
-            && !self.stopping
-            && spaced
-            && ready
+        self.cfg.dial && self.cfg.sync_dial_interval_ms > 0 && !self.guarded && !self.stopping && ready
+    }
+
+    /// Dials member `id` at `url` for one exchange: the connection carries no pushes and
+    /// closes after `SYNC_ROUNDS` gossip rounds.
+    pub(super) fn dial_for_exchange(&mut self, id: ReplicaId, url: String, now: Now) {
+        let p = self.peers.entry(id).or_default();
+        p.dialing = Some(now.mono_ms);
+        p.sync_dial = true;
+        self.counters.dials += 1;
+        self.counters.exchange_dials += 1;
+        self.outputs.push_back(Output::Dial(DialTarget::Peer { id, url }));
     }
 
     /// Peers with a connection that carries pushes (not one dialed for an exchange).
