@@ -284,6 +284,17 @@ impl Envelope {
 }
 
 impl Message {
+    /// Whether the receiver acknowledges it (it carries one of the sender's buffer numbers).
+    pub fn is_acknowledged(&self) -> bool {
+        matches!(
+            self,
+            Message::Delta { .. }
+                | Message::Elided { .. }
+                | Message::Push { seq: Some(_), .. }
+                | Message::IHave { seq: Some(_), .. }
+        )
+    }
+
     /// The message's kind, for logs and traffic counts.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -493,6 +493,95 @@ fn a_node_whose_clock_comes_back_from_a_year_ahead_is_accepted_again_without_a_r
     );
 }
 
+/// A silent partition (no FIN, no RST) that left two nodes on one side with no link
+/// between them starved that side: a write waited for its node's links across the cut to
+/// die of silence (the keepalive, about 8 s) before it reached the other node of its side.
+/// A push that goes unacknowledged is reason enough to try another member now.
+#[test]
+fn a_write_crosses_its_side_of_a_silent_partition_when_its_nodes_had_no_link() {
+    let seed = sim_seed("silent_side_without_link");
+    let n = 9;
+    let mut sim = converged(n, config(), seed);
+    sim.emulate_keepalive(roster_transport::driver::Limits::default().keepalive());
+    sim.run_for(10_000);
+    let linked = |sim: &Sim, a: usize, b: usize| {
+        let id = sim.node(b).unwrap().info().id;
+        sim.node(a).unwrap().connected().iter().any(|(p, _)| *p == id)
+    };
+    // Each node dials at most two: 18 links or fewer among 36 pairs.
+    let (a, b) = (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .find(|&(a, b)| !linked(&sim, a, b) && !linked(&sim, b, a))
+        .expect("two of the nine nodes have no link");
+    sim.partition_silently(|i| u32::from(i != a && i != b));
+    let mut w = Workload::default();
+    w.register(&mut sim, a, 7_200);
+    let key = key(a);
+    let sees = |sim: &Sim| Workload::visible(sim, b).get(&key) == Some(&7_200);
+    let start = sim.now_ms();
+    while !sees(&sim) && sim.now_ms() < start + 20_000 {
+        sim.run_for(100);
+    }
+    let took = sim.now_ms() - start;
+    eprintln!("seed {seed}: machine {a}'s write reached machine {b}, its side's other node, in {took} ms");
+    assert!(
+        took <= 2_000,
+        "machine {a}'s write took {took} ms to reach machine {b} across their side of a silent \
+         partition (seed {seed})"
+    );
+}
+
+/// Links with a long round trip are slow, not dead: a push waits for its acknowledgement
+/// half as long again as the peer's slowest lately, so once the first few were measured,
+/// nodes on links of 150 to 300 ms each way start no exchanges with other members (each a
+/// dial) for pushes that are merely slow.
+#[test]
+fn slow_links_are_not_taken_for_dead_ones_once_their_acknowledgements_were_timed() {
+    let seed = sim_seed("slow_links_not_dead");
+    let n = 9;
+    let slow = Faults {
+        loss_permille: 0,
+        dup_permille: 0,
+        min_delay_ms: 150,
+        max_delay_ms: 300,
+    };
+    let mut sim = Sim::new(n, config(), slow, seed);
+    assert!(
+        settle(&mut sim, 60, Sim::converged).is_some(),
+        "did not converge (seed {seed})"
+    );
+    let mut w = Workload::default();
+    for i in 0..n {
+        w.register(&mut sim, i, 7_300 + i as u16);
+    }
+    sim.run_for(30_000);
+    let rounds = |sim: &Sim| -> u64 {
+        (0..n)
+            .map(|i| sim.node(i).unwrap().counters().overdue_rounds)
+            .sum()
+    };
+    let before = rounds(&sim);
+    for round in 0..30u16 {
+        w.register(&mut sim, usize::from(round) % n, 7_400 + round);
+        sim.run_for(10_000);
+    }
+    let after = rounds(&sim);
+    eprintln!(
+        "seed {seed}: {before} rounds of tries while the first acknowledgements were timed, {} after",
+        after - before
+    );
+    assert_eq!(
+        after,
+        before,
+        "slow links were taken for dead ones: {} rounds of tries in 300 s (seed {seed})",
+        after - before
+    );
+    assert!(
+        w.all_see_current(&sim),
+        "the writes did not converge (seed {seed})"
+    );
+}
+
 /// `poll_timeout` left out the timer that dials peers lost behind a partition, so a driver
 /// that slept until it could miss it by up to the other timers' spacing.
 #[test]

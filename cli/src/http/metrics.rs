@@ -301,6 +301,12 @@ impl Snapshot {
             "roster_exchange_dials",
             "Dials of a member with no link for one anti-entropy exchange.",
             p.exchange_dials,
+        )?;
+        counter(
+            e,
+            "roster_overdue_rounds",
+            "Rounds of exchanges with members with no link, started by a push not acknowledged in time.",
+            p.overdue_rounds,
         )
     }
 

@@ -344,6 +344,7 @@ impl Node {
             p.full_sent_at = None;
             p.resend_at = None;
             p.resends = 0;
+            p.unacked_since = None;
             p.digest_sent_at = None;
             if last {
                 // It may come back from an older disk: its next digest tells.
@@ -375,6 +376,7 @@ impl Node {
                     p.backoff.failures = p.backoff.failures.max(GUARDED_FAILURES);
                 }
                 p.fail(&policy, failure, now.mono_ms, draw);
+                self.tried_dial_failed(*id, now);
             }
             DialTarget::Seed { url } => {
                 if let Some(s) = self.seeds.get_mut(url) {

@@ -52,6 +52,7 @@ mod guard;
 mod liveness;
 mod member_view;
 mod membership;
+mod overdue;
 mod ownership;
 mod pacing;
 /// What a node keeps of a connection, of another node it deals with, and of a seed.
@@ -195,6 +196,8 @@ pub struct Node {
     state_hash: Option<(u64, [u8; 16])>,
     /// The live members, as last read (see `member_view`).
     member_view: member_view::MemberView,
+    /// Pushes awaiting acknowledgement past their time (see `overdue`).
+    overdue: overdue::Overdue,
     /// The contacts of nodes lost lately (see `contacts`).
     contacts: contacts::Contacts,
 }
@@ -295,6 +298,7 @@ impl Node {
             base_valid: true,
             state_hash: None,
             member_view: member_view::MemberView::default(),
+            overdue: overdue::Overdue::default(),
             contacts: contacts::Contacts::default(),
             time,
         };

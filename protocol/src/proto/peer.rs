@@ -40,6 +40,9 @@ pub(super) struct Peer {
     pub(super) resend_at: Option<u64>,
     /// Resends since its acknowledgement last advanced.
     pub(super) resends: u32,
+    /// Since when a push to it awaits its acknowledgement (monotonic ms; see `overdue`).
+    pub(super) unacked_since: Option<u64>,
+
     /// Its last digest (boxed: most peers, members never connected, have none).
     pub(super) digest: Option<Box<CausalContext>>,
     /// Its dial backoff, in monotonic time (saved in wall time).
@@ -79,6 +82,19 @@ pub(super) struct Peer {
 }
 
 impl Peer {
+    /// Whether something sent to it awaits its acknowledgement.
+    pub(super) fn in_flight(&self) -> bool {
+        self.sent.is_some_and(|s| self.acked.is_none_or(|a| a < s))
+    }
+
+    /// An acknowledgement arrived: what was awaited is no longer. Returns how long it
+    /// took, when something was awaited (see `overdue`).
+    pub(super) fn ack_arrived(&mut self, mono_ms: u64) -> Option<u64> {
+        self.unacked_since
+            .take()
+            .map(|since| mono_ms.saturating_sub(since))
+    }
+
     /// Records a failure: its backoff grows, and it goes behind the peers that failed
     /// longer ago. Returns the delay before it may be dialed again.
     pub(super) fn fail(&mut self, policy: &BackoffPolicy, failure: Failure, now_ms: u64, draw: u64) -> u64 {

@@ -122,6 +122,7 @@ impl Node {
             }
         }
         let messages_empty = messages.is_empty();
+        let acknowledged = messages.iter().any(Message::is_acknowledged);
         for message in messages {
             self.counters.changes_announced += match &message {
                 Message::Push { announced, .. } => announced.len() as u64,
@@ -132,7 +133,12 @@ impl Node {
         }
         let wait = self.cfg.resend_after_ms;
         let numbered = !messages_empty;
+        let mut awaited = false;
         if let Some(p) = self.peers.get_mut(&peer) {
+            if !p.in_flight() {
+                // Whatever was awaited was acknowledged, one way or another.
+                p.unacked_since = None;
+            }
             p.sent = Some(until);
             if numbered {
                 p.numbered = Some(until);
@@ -140,6 +146,10 @@ impl Node {
             if p.acked.is_some_and(|a| a < until) {
                 p.resend_at.get_or_insert(now.mono_ms + wait);
             }
+            awaited = acknowledged && p.acked.is_none_or(|a| a < until);
+        }
+        if awaited {
+            self.await_ack(peer, now);
         }
         if until < head {
             self.schedule_push(now);
@@ -275,9 +285,16 @@ impl Node {
             p.resends = 0;
             // What is still unacknowledged gets a fresh wait.
             p.resend_at = p.sent.filter(|&s| s > covered).map(|_| now.mono_ms + wait);
+            if let Some(took) = p.ack_arrived(now.mono_ms) {
+                self.overdue.took(took);
+            }
         }
         p.full_sent_at = None;
         p.adopted = false;
+        if p.resend_at.is_some() && p.unacked_since.is_none() {
+            // What is still in flight is awaited afresh.
+            self.await_ack(peer, now);
+        }
         self.trim_buffer();
     }
 

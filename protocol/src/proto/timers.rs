@@ -63,6 +63,9 @@ impl Node {
         if let Some(a) = self.announce_at {
             t = t.min(a);
         }
+        if let Some(o) = self.overdue.check_at {
+            t = t.min(o);
+        }
         t
     }
 
@@ -88,6 +91,9 @@ impl Node {
             // unpaced (at most once per spacing).
             self.announce_at = None;
             self.push(now);
+        }
+        if self.overdue.check_at.is_some_and(|t| t <= mono) {
+            self.check_overdue(now);
         }
         if self.renew_at <= mono {
             self.renew(now);

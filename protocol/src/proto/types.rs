@@ -151,6 +151,9 @@ pub struct Counters {
     pub changes_grafted: u64,
     /// Dials of a member with no link for one anti-entropy exchange.
     pub exchange_dials: u64,
+    /// Rounds of exchanges with members with no link, started because a push waited for
+    /// its acknowledgement past `ack_delay_ms` (see `overdue`).
+    pub overdue_rounds: u64,
     /// Dials of other members of a zone one of whose members was written dead here, to
     /// tell a cut zone from a death (see `damping`).
     pub zone_test_dials: u64,

@@ -133,6 +133,16 @@ impl Sim {
         }
     }
 
+    /// Splits the network silently (no FIN, no RST): machines on different sides cannot
+    /// talk, but the connections across the sides stay open at both ends, and what is
+    /// sent on them is lost, until a keepalive (see [`Sim::emulate_keepalive`]) or the
+    /// protocol closes them. Dials across the sides fail.
+    pub fn partition_silently(&mut self, side_of: impl Fn(usize) -> u32) {
+        for i in 0..self.machines.len() {
+            self.machines[i].side = side_of(i);
+        }
+    }
+
     /// Heals every partition.
     pub fn heal(&mut self) {
         for m in &mut self.machines {
