@@ -493,6 +493,43 @@ fn a_node_whose_clock_comes_back_from_a_year_ahead_is_accepted_again_without_a_r
     );
 }
 
+/// Two clocks that ran two hours ahead together (one bad NTP source) and came back left
+/// one of their nodes locked out until a restart: each heard the other stamping two hours
+/// ahead, and a node believed a step back only to the greatest peer clock it had ever
+/// heard, which was the other's. The peers' clock is the median of the last peers heard
+/// now, so the three that kept the true time outvote the one that ran ahead with it.
+#[test]
+fn two_nodes_whose_clocks_ran_ahead_together_are_accepted_again_when_their_clocks_come_back() {
+    let seed = sim_seed("clocks_back_together");
+    let n = 5;
+    let hours: i64 = 2 * 3_600_000;
+    let mut sim = converged(n, config(), seed);
+    let mut w = Workload::default();
+    for i in 0..n {
+        w.register(&mut sim, i, 7_000 + i as u16);
+    }
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "the first writes did not converge (seed {seed})"
+    );
+    for i in [1, 2] {
+        sim.set_wall_offset(i, hours);
+    }
+    sim.run_for(20_000);
+    for i in [1, 2] {
+        sim.set_wall_offset(i, 0);
+    }
+    sim.run_for(1_000);
+    for i in [1, 2] {
+        w.register(&mut sim, i, 7_100 + i as u16);
+    }
+    assert!(
+        settle(&mut sim, 5, |sim| w.all_see_current(sim)).is_some(),
+        "5 s after their clocks came back from two hours ahead, the new writes of machines 1 \
+         and 2 had not reached every peer, or they did not see the others' (seed {seed})"
+    );
+}
+
 /// A silent partition (no FIN, no RST) that left two nodes on one side with no link
 /// between them starved that side: a write waited for its node's links across the cut to
 /// die of silence (the keepalive, about 8 s) before it reached the other node of its side.

@@ -53,7 +53,7 @@ impl Node {
     ) -> Result<(), ProtocolError> {
         if let Some(sent_at) = envelope.sent_at {
             self.clock.observe(sent_at, now.wall_ms, self.cfg.max_skew_ms)?;
-            self.time.heard(sent_at.millis(), now.mono_ms);
+            self.time.heard(peer, sent_at.millis(), now.mono_ms);
         }
         self.heard_from(peer);
         match envelope.message {

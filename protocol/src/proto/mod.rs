@@ -303,9 +303,9 @@ impl Node {
             time,
         };
         node.start_ctx = node.replica.context().clone();
-        node.remember(&resume, time, now);
+        node.remember(&resume, now);
         if node.guarded {
-            node.guard_dial_at = node.guarded_dial_at(time, now);
+            node.guard_dial_at = node.guarded_dial_at(now);
         }
         node.saved_stands = node.own_lease_live(now) && node.replica.unclaimed_gap() == 0;
         node.register_membership(endpoint, meta, now)?;
@@ -315,7 +315,7 @@ impl Node {
     /// Takes what the process before it remembered of its peers and seeds: their URLs and
     /// names, and their backoffs and last full states (saved in wall time, kept in
     /// monotonic time).
-    fn remember(&mut self, resume: &Resume, time: WallGuard, now: Now) {
+    fn remember(&mut self, resume: &Resume, now: Now) {
         for m in &resume.peers {
             if m.id == self.me.id {
                 continue;
@@ -330,25 +330,25 @@ impl Node {
             if m.backoff != Backoff::default() || m.full_sent_at.is_some() {
                 let p = self.peers.entry(m.id).or_default();
                 // Saved in wall time; kept in monotonic time.
-                p.backoff = time.backoff_to_mono(m.backoff);
-                p.full_sent_at = m.full_sent_at.map(|t| time.mono_of(t));
+                p.backoff = self.time.backoff_to_mono(m.backoff);
+                p.full_sent_at = m.full_sent_at.map(|t| self.time.mono_of(t));
             }
         }
         for (url, b) in &resume.seeds {
             if let Some(s) = self.seeds.get_mut(url) {
-                s.backoff = time.backoff_to_mono(*b);
+                s.backoff = self.time.backoff_to_mono(*b);
             }
         }
     }
 
     /// Under the crash-loop guard, when the node may first dial (monotonic ms).
-    fn guarded_dial_at(&self, time: WallGuard, now: Now) -> u64 {
+    fn guarded_dial_at(&self, now: Now) -> u64 {
         // What the processes before it shipped is alive at its peers until its lease
         // ends: dial only when a third of it is left (at once when nothing is known).
         let due = self
             .leases_shipped
             .map_or(now.wall_ms, |(end, ttl)| end.saturating_sub(ttl / 3));
-        time.mono_of(due).max(now.mono_ms)
+        self.time.mono_of(due).max(now.mono_ms)
     }
 
     /// Who this node is.

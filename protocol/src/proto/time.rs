@@ -16,8 +16,13 @@
 //! ahead of every peer's by more than they accept, so each of its writes and renewals
 //! would be refused (a clock that ran a year ahead and came back locked its node out for
 //! the year). The node then does what a restart does with a clock set right
-//! (`Node::clock_came_back`). A clock that steps back behind the peers' is still not
-//! believed.
+//! (`Node::clock_came_back`). The peers' clock is the median of what the last peers heard
+//! tell by their latest stamps: a peer whose clock ran ahead along with this node's (the
+//! same bad NTP source) is outvoted, where the greatest stamp ever heard kept the node
+//! waiting for a clock no other peer had. A clock that steps back behind the peers' is
+//! still not believed, nor is a step back before any peer was heard.
+
+use roster_registry::ReplicaId;
 
 /// The time of an input to the protocol: both clocks, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,18 +51,21 @@ impl From<u64> for Now {
     }
 }
 
+/// How many peers' clocks the guard keeps (the most recently heard).
+const PEER_CLOCKS: usize = 16;
+
 /// The node's wall time: the wall clock, except that it never runs slower than the
 /// monotonic clock since the last input.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct WallGuard {
     last: Now,
     /// A step back further than this is believed (the clock skew peers allow).
     believed_back_ms: u64,
     /// How far the wall clock stepped back, believed, since the node last asked.
     stepped_back_ms: Option<u64>,
-    /// The peers' clock as their stamps tell it: the greatest of a peer's stamp less the
-    /// monotonic time it arrived at (`None` until a peer is heard).
-    peers_offset: Option<i64>,
+    /// The clocks of the last peers heard, the latest last: each peer's latest stamp less
+    /// the monotonic time it arrived at.
+    peer_offsets: Vec<(ReplicaId, i64)>,
 }
 
 impl WallGuard {
@@ -66,19 +74,31 @@ impl WallGuard {
             last: now,
             believed_back_ms,
             stepped_back_ms: None,
-            peers_offset: None,
+            peer_offsets: Vec::with_capacity(PEER_CLOCKS),
         }
     }
 
-    /// A peer's stamp (wall milliseconds), heard at `mono_ms`.
-    pub(super) fn heard(&mut self, stamp_ms: u64, mono_ms: u64) {
+    /// `peer`'s stamp (wall milliseconds), heard at `mono_ms`.
+    pub(super) fn heard(&mut self, peer: ReplicaId, stamp_ms: u64, mono_ms: u64) {
         let offset = i64::try_from(stamp_ms).unwrap_or(i64::MAX) - i64::try_from(mono_ms).unwrap_or(i64::MAX);
-        self.peers_offset = Some(self.peers_offset.map_or(offset, |o| o.max(offset)));
+        self.peer_offsets.retain(|(p, _)| *p != peer);
+        if self.peer_offsets.len() == PEER_CLOCKS {
+            self.peer_offsets.remove(0);
+        }
+        self.peer_offsets.push((peer, offset));
+    }
+
+    /// The peers' clock, as an offset from the monotonic clock: the median of the last
+    /// peers heard (the lower of the two middle ones); `None` before any is heard.
+    fn peers_offset(&self) -> Option<i64> {
+        let mut offsets: Vec<i64> = self.peer_offsets.iter().map(|&(_, o)| o).collect();
+        offsets.sort_unstable();
+        offsets.get(offsets.len().checked_sub(1)? / 2).copied()
     }
 
     /// Whether `now`'s wall clock is within the allowed skew of the peers' (or ahead).
     fn agrees_with_peers(&self, now: Now) -> bool {
-        let Some(offset) = self.peers_offset else {
+        let Some(offset) = self.peers_offset() else {
             return false;
         };
         let peers_ms = i64::try_from(now.mono_ms)
@@ -184,7 +204,7 @@ mod tests {
         let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
         // The node's wall clock runs an hour ahead of its peers' (their stamps say t0 at t0).
         let mut g = WallGuard::new(at(t0, t0 + H), skew);
-        g.heard(t0, t0);
+        g.heard(ReplicaId(2), t0, t0);
         // Back by the skew: not believed, nothing reported.
         assert_eq!(
             g.input(at(t0 + 1_000, t0 + H + 1_000 - skew)).wall_ms,
@@ -205,9 +225,40 @@ mod tests {
         let mut g = WallGuard::new(Now::at(t0), 5_000);
         // No peer heard yet: nothing to believe it by.
         assert_eq!(g.input(at(t0 + 500, t0 + 500 - H)).wall_ms, t0 + 500);
-        g.heard(t0 + 500, t0 + 500);
+        g.heard(ReplicaId(2), t0 + 500, t0 + 500);
         assert_eq!(g.input(at(t0 + 1_000, t0 + 1_000 - H)).wall_ms, t0 + 1_000);
         assert_eq!(g.take_step_back(), None);
+    }
+
+    #[test]
+    fn a_peer_whose_clock_ran_ahead_with_this_one_is_outvoted_by_the_others() {
+        let t0 = 1_700_000_000_000;
+        let at = |mono_ms, wall_ms| Now { mono_ms, wall_ms };
+        let mut g = WallGuard::new(Now::at(t0), 5_000);
+        for p in 2..5 {
+            g.heard(ReplicaId(p), t0, t0);
+        }
+        // Both clocks two hours ahead: peer 5 is heard stamping two hours ahead.
+        assert_eq!(
+            g.input(at(t0 + 1_000, t0 + 1_000 + 2 * H)).wall_ms,
+            t0 + 1_000 + 2 * H
+        );
+        g.heard(ReplicaId(5), t0 + 1_000 + 2 * H, t0 + 1_000);
+        // Back to the true time: three of four peers agree.
+        assert_eq!(g.input(at(t0 + 2_000, t0 + 2_000)).wall_ms, t0 + 2_000);
+        assert_eq!(g.take_step_back(), Some(2 * H));
+    }
+
+    #[test]
+    fn the_guard_keeps_the_latest_stamp_of_the_last_peers_heard() {
+        let mut g = WallGuard::new(Now::at(0), 5_000);
+        for p in 0..40 {
+            g.heard(ReplicaId(p % 20), 1_000 + p, 0);
+        }
+        assert_eq!(g.peer_offsets.len(), PEER_CLOCKS);
+        let latest: Vec<u64> = g.peer_offsets.iter().map(|(p, _)| p.0).collect();
+        assert_eq!(latest, (4..20).collect::<Vec<u64>>());
+        assert_eq!(g.peer_offsets.last(), Some(&(ReplicaId(19), 1_039)));
     }
 
     #[test]
