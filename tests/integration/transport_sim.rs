@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use roster_registry::{Endpoint, ProviderId, ServiceName};
+use roster_registry::{Change, Endpoint, ProviderId, ServiceName};
 use roster_transport::proto::Config;
 use roster_transport::sim::{Faults, Sim};
 
@@ -764,4 +764,55 @@ fn rotations_between_nodes_in_step(seed: u64) {
     for kind in ["delta", "push"] {
         assert_eq!(new(kind), (0, 0), "{kind}s with registrations sent (seed {seed})");
     }
+}
+
+/// A watcher was not told that instances came back when its node's clock came back from
+/// ahead: the step ahead reported every instance down (their leases looked ended), and
+/// nothing reported them up again but their owners' next writes, so a watch kept showing
+/// them gone while reads showed them. The changes of the step back are reported now, as
+/// ended leases are: a watch's events fold to what reads show.
+#[test]
+fn a_watch_shows_the_instances_again_when_its_nodes_clock_comes_back_from_ahead() {
+    let seed = sim_seed("watch_after_clock_back");
+    let n = 4;
+    let watcher = 1;
+    let year: i64 = 365 * 24 * 3_600_000;
+    let mut sim = converged(n, config(), seed);
+    let mut w = Workload::default();
+    for i in 0..n {
+        w.register(&mut sim, i, 7_000 + i as u16);
+    }
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "the first writes did not converge (seed {seed})"
+    );
+    let mut folded = Workload::visible(&sim, watcher);
+    sim.keep_log(true);
+    sim.set_wall_offset(watcher, year);
+    sim.run_for(1_000);
+    w.deregister(&mut sim, 0);
+    sim.run_for(9_000);
+    sim.set_wall_offset(watcher, 0);
+    sim.run_for(1_000);
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "the replicas did not converge after the clock came back (seed {seed})"
+    );
+    for (_, _, change) in sim.log().iter().filter(|(i, _, _)| *i == watcher) {
+        match change {
+            Change::Up(i) if i.service.as_str().starts_with("svc-") => {
+                let key = (i.service.clone(), i.provider.clone());
+                folded.insert(key, i.endpoint.port());
+            }
+            Change::Down { service, provider } => {
+                folded.remove(&(service.clone(), provider.clone()));
+            }
+            Change::Up(_) => {}
+        }
+    }
+    assert_eq!(
+        folded,
+        Workload::visible(&sim, watcher),
+        "machine {watcher}'s changes, folded, do not give what its reads show (seed {seed})"
+    );
 }

@@ -1,7 +1,8 @@
 //! A wall clock back from ahead: what the node does once it believes it (see `time.rs`).
 //!
 //! What a restart with a clock set right does, without the restart: the clock goes on
-//! from now, not from the stamps it wrote ahead; the node writes its membership and what
+//! from now, not from the stamps it wrote ahead; watchers are told of the instances that
+//! show again (their leases looked ended ahead); the node writes its membership and what
 //! it owns again at the true time (peers refused them stamped ahead); and the dials its
 //! peers refused for its clock may go at once.
 
@@ -28,7 +29,11 @@ impl Node {
         self.counters.clock_steps_back += 1;
         let last = self.replica.state().latest_time().min(Hlc::new(now.wall_ms, 0));
         self.clock = HlcClock::resume_after(last);
+        // Reads ahead hid every instance whose lease looked ended, and watchers were told:
+        // tell them what shows again.
+        let shown_again = self.replica.clock_went_back(self.lapse_checked, now.wall_ms);
         self.lapse_checked = now.wall_ms;
+        self.emit_changes(shown_again, now);
         if let Ok(endpoint) = url_endpoint(&self.me.url) {
             let meta = member_meta(&self.me);
             // The node's own URL and metadata were checked at its start.

@@ -26,9 +26,11 @@ impl Replica {
     /// What a read showed at `after_ms` and shows differently at `upto_ms` because the
     /// lease of a node that wrote it ended in between: time, not a join, took it down (or,
     /// rarely, uncovered a concurrent write of a live node). Call it as time passes (say
-    /// every gossip tick) to tell watchers, since no delta will.
+    /// every gossip tick) to tell watchers, since no delta will. With `upto_ms` before
+    /// `after_ms` (a clock that went back), the leases that looked ended at `after_ms` and
+    /// do not at `upto_ms` bring their instances up again.
     pub fn lapsed(&self, after_ms: u64, upto_ms: u64) -> Vec<Change> {
-        let ended_between = |l: &crate::value::Lease| l.is_live(after_ms) && !l.is_live(upto_ms);
+        let ended_between = |l: &crate::value::Lease| l.is_live(after_ms) != l.is_live(upto_ms);
         // Leases, and the stand-ins of nodes shown unreachable: a display that ends, or a
         // lease that ends under one (the node is then shown unreachable), changes reads.
         let ended: BTreeSet<ReplicaId> = self
@@ -72,6 +74,15 @@ impl Replica {
         }
         let changes = self.lapsed(after_ms, upto_ms);
         self.lapse_floor = self.next_deadline_ms(upto_ms).unwrap_or(u64::MAX);
+        changes
+    }
+
+    /// What reads show differently now that the clock went back from `ahead_ms` to
+    /// `now_ms` (see [`Replica::lapsed`]); [`Replica::lapsed_due`] then looks for leases
+    /// that end after `now_ms`.
+    pub fn clock_went_back(&mut self, ahead_ms: u64, now_ms: u64) -> Vec<Change> {
+        let changes = self.lapsed(ahead_ms, now_ms);
+        self.lapse_floor = self.next_deadline_ms(now_ms).unwrap_or(u64::MAX);
         changes
     }
 
