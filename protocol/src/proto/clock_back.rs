@@ -16,12 +16,14 @@ use super::{Node, Now, OwnedRegistration};
 
 impl Node {
     /// The time of an input, with the wall time the node goes by (see `time.rs`); a wall
-    /// clock back from ahead is acted on before the input is.
+    /// clock back from ahead, and leases that ended since the node last looked, are acted
+    /// on before the input is.
     pub(super) fn input_time(&mut self, now: Now) -> Now {
         let now = self.time.input(now);
         if self.time.take_step_back().is_some() {
             self.clock_came_back(now);
         }
+        self.report_lapsed(now);
         now
     }
 

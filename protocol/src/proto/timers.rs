@@ -131,13 +131,18 @@ impl Node {
 
     /// Tells watchers of instances whose lease ended since the last check: reads hide them
     /// at once, but no delta says so until a sweep (after the hold-off, and then the join
-    /// sees them already hidden).
-    fn report_lapsed(&mut self, now: Now) {
+    /// sees them already hidden). Called before every input too (`input_time`): a removal
+    /// joined after a lease ended and before the node looked would otherwise tell them
+    /// nothing, the instance being hidden already and then gone.
+    pub(super) fn report_lapsed(&mut self, now: Now) {
         if now.wall_ms <= self.lapse_checked {
             return;
         }
         let lapsed = self.replica.lapsed_due(self.lapse_checked, now.wall_ms);
         self.lapse_checked = now.wall_ms;
+        if lapsed.is_empty() {
+            return;
+        }
         self.counters.instances_lapsed += lapsed.len() as u64;
         self.emit_changes(lapsed, now);
     }
