@@ -62,11 +62,19 @@ impl Node {
     /// Whether `id` may be dialed for an exchange, spacing aside: dials are on, no guard
     /// holds them, and no dial to it is in flight or backing off.
     pub(super) fn may_dial_for_exchange(&self, id: ReplicaId, now: Now) -> bool {
-        let ready = self
-            .peers
-            .get(&id)
-            .is_none_or(|p| p.dialing.is_none() && p.backoff.ready(now.mono_ms));
-        self.cfg.dial && self.cfg.sync_dial_interval_ms > 0 && !self.guarded && !self.stopping && ready
+        self.may_dial_for_exchange_past_backoff(id) && self.backoff_over(id, now)
+    }
+
+    /// Whether `id` may be dialed for an exchange, its dial backoff aside: dials are on,
+    /// no guard holds them, and no dial to it is in flight.
+    pub(super) fn may_dial_for_exchange_past_backoff(&self, id: ReplicaId) -> bool {
+        let idle = self.peers.get(&id).is_none_or(|p| p.dialing.is_none());
+        self.cfg.dial && self.cfg.sync_dial_interval_ms > 0 && !self.guarded && !self.stopping && idle
+    }
+
+    /// Whether the dial backoff toward `id` is over.
+    pub(super) fn backoff_over(&self, id: ReplicaId, now: Now) -> bool {
+        self.peers.get(&id).is_none_or(|p| p.backoff.ready(now.mono_ms))
     }
 
     /// Dials member `id` at `url` for one exchange: the connection carries no pushes and

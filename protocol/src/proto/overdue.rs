@@ -123,15 +123,22 @@ impl Node {
         }
     }
 
-    /// Dials up to `n` members with no link, not tried in this round, for an exchange;
-    /// with none to dial, sends the hash to a linked peer whose pushes are acknowledged.
+    /// Dials up to `n` members with no link, not tried in this round, for an exchange:
+    /// those whose dial backoff is over first, then those still in it (earlier faults
+    /// leave long backoffs toward the very members a side of a partition has left, and
+    /// a round is bounded already); with none to dial, sends the hash to a linked peer
+    /// whose pushes are acknowledged.
     fn try_others(&mut self, overdue: &BTreeSet<ReplicaId>, n: usize, now: Now) {
         let linked = self.linked_peers();
-        let mut members: Vec<ReplicaId> = (self.live_others(now.wall_ms).iter().copied())
-            .filter(|id| !linked.contains(id) && !self.overdue.tried.contains(id))
-            .filter(|&id| self.may_dial_for_exchange(id, now))
-            .collect();
+        let (mut members, mut waiting): (Vec<ReplicaId>, Vec<ReplicaId>) =
+            (self.live_others(now.wall_ms).iter())
+                .copied()
+                .filter(|id| !linked.contains(id) && !self.overdue.tried.contains(id))
+                .filter(|&id| self.may_dial_for_exchange_past_backoff(id))
+                .partition(|&id| self.backoff_over(id, now));
         members.shuffle(&mut self.rng);
+        waiting.shuffle(&mut self.rng);
+        members.append(&mut waiting);
         let mut dialed = 0;
         for id in members {
             if dialed == n {
