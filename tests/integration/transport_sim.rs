@@ -112,6 +112,21 @@ pub(crate) fn converged(n: usize, cfg: Config, seed: u64) -> Sim {
     sim
 }
 
+/// `n` converged nodes, each owning one registration (port 7000 + its index) that every
+/// node shows.
+fn converged_with_one_each(n: usize, seed: u64) -> (Sim, Workload) {
+    let mut sim = converged(n, config(), seed);
+    let mut w = Workload::default();
+    for i in 0..n {
+        w.register(&mut sim, i, 7_000 + i as u16);
+    }
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "the first writes did not converge (seed {seed})"
+    );
+    (sim, w)
+}
+
 /// Runs in 1-second steps until `done` holds or `limit_s` seconds pass; returns the seconds.
 pub(crate) fn settle(sim: &mut Sim, limit_s: u64, mut done: impl FnMut(&Sim) -> bool) -> Option<u64> {
     for s in 0..=limit_s {
@@ -468,15 +483,7 @@ fn a_node_whose_clock_comes_back_from_a_year_ahead_is_accepted_again_without_a_r
     let n = 4;
     let stepped = 1;
     let year: i64 = 365 * 24 * 3_600_000;
-    let mut sim = converged(n, config(), seed);
-    let mut w = Workload::default();
-    for i in 0..n {
-        w.register(&mut sim, i, 7_000 + i as u16);
-    }
-    assert!(
-        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
-        "the first writes did not converge (seed {seed})"
-    );
+    let (mut sim, mut w) = converged_with_one_each(n, seed);
     sim.set_wall_offset(stepped, year);
     sim.run_for(20_000);
     sim.set_wall_offset(stepped, 0);
@@ -504,15 +511,7 @@ fn two_nodes_whose_clocks_ran_ahead_together_are_accepted_again_when_their_clock
     let seed = sim_seed("clocks_back_together");
     let n = 5;
     let hours: i64 = 2 * 3_600_000;
-    let mut sim = converged(n, config(), seed);
-    let mut w = Workload::default();
-    for i in 0..n {
-        w.register(&mut sim, i, 7_000 + i as u16);
-    }
-    assert!(
-        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
-        "the first writes did not converge (seed {seed})"
-    );
+    let (mut sim, mut w) = converged_with_one_each(n, seed);
     for i in [1, 2] {
         sim.set_wall_offset(i, hours);
     }
@@ -828,15 +827,7 @@ fn a_watch_is_told_of_a_removal_joined_after_its_lease_ended() {
     let n = 4;
     let watcher = 1;
     let year: i64 = 365 * 24 * 3_600_000;
-    let mut sim = converged(n, config(), seed);
-    let mut w = Workload::default();
-    for i in 0..n {
-        w.register(&mut sim, i, 7_000 + i as u16);
-    }
-    assert!(
-        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
-        "the first writes did not converge (seed {seed})"
-    );
+    let (mut sim, mut w) = converged_with_one_each(n, seed);
     let mut folded = Workload::visible(&sim, watcher);
     sim.keep_log(true);
     sim.set_wall_offset(watcher, year);
@@ -883,15 +874,7 @@ fn a_watch_shows_the_instances_again_when_its_nodes_clock_comes_back_from_ahead(
     let n = 4;
     let watcher = 1;
     let year: i64 = 365 * 24 * 3_600_000;
-    let mut sim = converged(n, config(), seed);
-    let mut w = Workload::default();
-    for i in 0..n {
-        w.register(&mut sim, i, 7_000 + i as u16);
-    }
-    assert!(
-        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
-        "the first writes did not converge (seed {seed})"
-    );
+    let (mut sim, mut w) = converged_with_one_each(n, seed);
     let mut folded = Workload::visible(&sim, watcher);
     sim.keep_log(true);
     sim.set_wall_offset(watcher, year);
