@@ -537,29 +537,8 @@ fn two_nodes_whose_clocks_ran_ahead_together_are_accepted_again_when_their_clock
 #[test]
 fn a_write_crosses_its_side_of_a_silent_partition_when_its_nodes_had_no_link() {
     let seed = sim_seed("silent_side_without_link");
-    let n = 9;
-    let mut sim = converged(n, config(), seed);
-    sim.emulate_keepalive(roster_transport::driver::Limits::default().keepalive());
-    sim.run_for(10_000);
-    let linked = |sim: &Sim, a: usize, b: usize| {
-        let id = sim.node(b).unwrap().info().id;
-        sim.node(a).unwrap().connected().iter().any(|(p, _)| *p == id)
-    };
-    // Each node dials at most two: 18 links or fewer among 36 pairs.
-    let (a, b) = (0..n)
-        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-        .find(|&(a, b)| !linked(&sim, a, b) && !linked(&sim, b, a))
-        .expect("two of the nine nodes have no link");
-    sim.partition_silently(|i| u32::from(i != a && i != b));
-    let mut w = Workload::default();
-    w.register(&mut sim, a, 7_200);
-    let key = key(a);
-    let sees = |sim: &Sim| Workload::visible(sim, b).get(&key) == Some(&7_200);
-    let start = sim.now_ms();
-    while !sees(&sim) && sim.now_ms() < start + 20_000 {
-        sim.run_for(100);
-    }
-    let took = sim.now_ms() - start;
+    let (mut sim, a, b) = unlinked_pair(seed);
+    let took = reach_ms(&mut sim, a, b, 7_200);
     eprintln!("seed {seed}: machine {a}'s write reached machine {b}, its side's other node, in {took} ms");
     assert!(
         took <= 2_000,
@@ -577,18 +556,7 @@ fn a_write_crosses_its_side_of_a_silent_partition_when_its_nodes_had_no_link() {
 #[test]
 fn a_write_crosses_its_side_of_a_silent_partition_when_the_dial_to_its_other_node_is_in_backoff() {
     let seed = sim_seed("silent_side_in_backoff");
-    let n = 9;
-    let mut sim = converged(n, config(), seed);
-    sim.emulate_keepalive(roster_transport::driver::Limits::default().keepalive());
-    sim.run_for(10_000);
-    let linked = |sim: &Sim, a: usize, b: usize| {
-        let id = sim.node(b).unwrap().info().id;
-        sim.node(a).unwrap().connected().iter().any(|(p, _)| *p == id)
-    };
-    let (a, b) = (0..n)
-        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-        .find(|&(a, b)| !linked(&sim, a, b) && !linked(&sim, b, a))
-        .expect("two of the nine nodes have no link");
+    let (mut sim, a, b) = unlinked_pair(seed);
     for (from, to) in [(a, b), (b, a)] {
         let target = DialTarget::Peer {
             id: sim.node(to).unwrap().info().id,
@@ -600,22 +568,47 @@ fn a_write_crosses_its_side_of_a_silent_partition_when_the_dial_to_its_other_nod
             });
         }
     }
-    sim.partition_silently(|i| u32::from(i != a && i != b));
-    let mut w = Workload::default();
-    w.register(&mut sim, a, 7_300);
-    let key = key(a);
-    let sees = |sim: &Sim| Workload::visible(sim, b).get(&key) == Some(&7_300);
-    let start = sim.now_ms();
-    while !sees(&sim) && sim.now_ms() < start + 20_000 {
-        sim.run_for(100);
-    }
-    let took = sim.now_ms() - start;
+    let took = reach_ms(&mut sim, a, b, 7_300);
     eprintln!("seed {seed}: machine {a}'s write reached machine {b}, in backoff at {a}, in {took} ms");
     assert!(
         took <= 2_000,
         "machine {a}'s write took {took} ms to reach machine {b} across their side of a silent \
          partition, {b} being in {a}'s dial backoff (seed {seed})"
     );
+}
+
+/// Nine converged nodes with dead links found by the keepalive, and two of them with no
+/// link between them.
+fn unlinked_pair(seed: u64) -> (Sim, usize, usize) {
+    let n = 9;
+    let mut sim = converged(n, config(), seed);
+    sim.emulate_keepalive(roster_transport::driver::Limits::default().keepalive());
+    sim.run_for(10_000);
+    let linked = |sim: &Sim, a: usize, b: usize| {
+        let id = sim.node(b).unwrap().info().id;
+        sim.node(a).unwrap().connected().iter().any(|(p, _)| *p == id)
+    };
+    // Each node dials at most two: 18 links or fewer among 36 pairs.
+    let (a, b) = (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .find(|&(a, b)| !linked(&sim, a, b) && !linked(&sim, b, a))
+        .expect("two of the nine nodes have no link");
+    (sim, a, b)
+}
+
+/// Cuts `a` and `b` off the others silently, writes on `a`, and returns how long (ms, at
+/// most 20 s) until `b` shows the write.
+fn reach_ms(sim: &mut Sim, a: usize, b: usize, port: u16) -> u64 {
+    sim.partition_silently(|i| u32::from(i != a && i != b));
+    let mut w = Workload::default();
+    w.register(sim, a, port);
+    let key = key(a);
+    let sees = |sim: &Sim| Workload::visible(sim, b).get(&key) == Some(&port);
+    let start = sim.now_ms();
+    while !sees(sim) && sim.now_ms() < start + 20_000 {
+        sim.run_for(100);
+    }
+    sim.now_ms() - start
 }
 
 /// Links with a long round trip are slow, not dead: a push waits for its acknowledgement
