@@ -16,7 +16,7 @@ use rand::{RngExt, SeedableRng};
 use roster_registry::{Replica, ReplicaId, State};
 
 use crate::message::Envelope;
-use crate::proto::{Config, ConnId, Node, NodeInfo, Now, Output, Zone};
+use crate::proto::{Config, ConnId, Node, NodeInfo, Now, Output, Resume, Zone};
 pub use network::{url, Faults, Traffic};
 
 #[derive(Debug)]
@@ -58,6 +58,9 @@ struct Machine {
     wall_offset_ms: i64,
     /// Its own network behaviour, on every link it has, when worse than the simulation's.
     faults: Option<Faults>,
+    /// What a graceful stop saved for the next process (its own registrations, what it
+    /// knew of its peers); `None` after a crash: the next start is a fresh node's.
+    resume: Option<Resume>,
 }
 
 /// The simulator.
@@ -144,6 +147,7 @@ impl Sim {
                 proto: None,
                 wall_offset_ms: 0,
                 faults: None,
+                resume: None,
             });
         }
         for i in 0..n {
@@ -234,15 +238,46 @@ impl Sim {
         let replica = Replica::from_state(m.info.id, m.disk.clone(), m.counter_floor);
         let seed = self.rng.random::<u64>();
         let proto = m.proto.unwrap_or(self.proto);
-        match Node::new(m.info.clone(), replica, seeds, proto, seed, self.now_of(i)) {
+        let info = m.info.clone();
+        let now = self.now_of(i);
+        let started = match self.machines[i].resume.take() {
+            Some(resume) => Node::with_resume(info, replica, seeds, proto, seed, now, resume).map(|(n, _)| n),
+            None => Node::new(info, replica, seeds, proto, seed, now),
+        };
+        match started {
             Ok(node) => self.machines[i].node = Some(node),
             Err(e) => unreachable!("simulated node info is valid: {e}"),
         }
         self.drain(i);
     }
 
-    /// Crashes machine `i`: its connections drop; its disk keeps the replica.
+    /// Stops machine `i` as an agent does on SIGTERM ([`Node::stop`]: it pushes what its
+    /// peers lack and says goodbye); its disk keeps the replica, its own registrations and
+    /// what it knew of its peers, and [`Sim::restart`] resumes from them.
+    pub fn stop(&mut self, i: usize) {
+        let now = self.now_of(i);
+        let Some(node) = self.machines[i].node.as_mut() else {
+            return;
+        };
+        node.stop(now);
+        let resume = Resume {
+            owned: node.owned_registrations(),
+            removed: Vec::new(),
+            drop_unowned: true,
+            peers: node.memory().peers,
+            seeds: node.memory().seeds,
+            crash_guard: None,
+            leases_shipped: node.memory().leases_shipped,
+        };
+        self.drain(i);
+        self.crash(i);
+        self.machines[i].resume = Some(resume);
+    }
+
+    /// Crashes machine `i`: its connections drop; its disk keeps the replica (and the
+    /// next start is a fresh node's on it).
     pub fn crash(&mut self, i: usize) {
+        self.machines[i].resume = None;
         let Some(node) = self.machines[i].node.take() else {
             return;
         };
@@ -269,7 +304,7 @@ impl Sim {
         }
     }
 
-    /// Restarts machine `i` from its disk.
+    /// Restarts machine `i` from its disk (resuming what it owns after [`Sim::stop`]).
     pub fn restart(&mut self, i: usize) {
         if self.machines[i].node.is_none() {
             self.start(i);

@@ -170,6 +170,12 @@ impl Node {
             && (&r.endpoint, &r.meta, &r.status, r.since_ms) == (&o.endpoint, &o.meta, &o.status, o.since_ms)
     }
 
+    /// The registrations this node owns, as the next process resumes them
+    /// ([`Resume::owned`]).
+    pub fn owned_registrations(&self) -> Vec<Arc<OwnedRegistration>> {
+        self.owned.values().cloned().collect()
+    }
+
     /// What this process knows of its peers and seeds, to save for the next one.
     pub fn memory(&self) -> Memory {
         let now_ms = self.time.wall_ms();
