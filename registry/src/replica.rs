@@ -481,6 +481,11 @@ impl Replica {
         out
     }
 
+    /// Whether the store holds any write of `key`, live or not (a removal leaves none).
+    pub fn holds(&self, key: &RegKey) -> bool {
+        self.state.reg(key).is_some()
+    }
+
     /// Everything known about one registration, live or not; `None` if the store has no
     /// write for it.
     pub fn explain(&self, service: &ServiceName, provider: &ProviderId, now_ms: u64) -> Option<Provenance> {

@@ -423,6 +423,7 @@ impl Node {
         }
         // What the join hid goes down first: a refutation's renewal brings our own back.
         self.emit_changes(changes, now);
+        self.write_again_removed(&report.regs, now);
         if report.changed() {
             self.clear_suspects_that_wrote();
             self.refute_death(now);
