@@ -933,3 +933,49 @@ fn a_node_restarted_with_its_clock_behind_keeps_its_registrations_when_the_clock
          every registration (seed {seed})"
     );
 }
+
+/// The fault soak's finding 4: a node killed after it acknowledged an update it had not
+/// saved came back with the older write from its disk, just as the owner deregistered the
+/// instance: the owner's removal covers the update's dot, not the older one, and the
+/// restarted node showed the older value whenever the owner's lease was live. It must be
+/// gone everywhere soon after the restart.
+#[test]
+fn a_node_that_lost_an_acknowledged_update_in_a_crash_does_not_show_the_older_value_after_a_deregistration() {
+    let seed = sim_seed("unsaved_update_then_removal");
+    let cfg = Config {
+        member_lease_ttl_ms: 4_000,
+        lease_per_member_ms: 0,
+        gossip_interval_ms: 250,
+        expire_holdoff_ms: 10_000,
+        ..config()
+    };
+    let (n, owner, killed) = (5, 4, 3);
+    let mut sim = converged(n, cfg, seed);
+    let mut w = Workload::default();
+    w.register(&mut sim, owner, 7_000);
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "seed {seed}"
+    );
+    let saved = sim.node(killed).unwrap().replica().state().clone();
+    w.register(&mut sim, owner, 7_001);
+    assert!(
+        settle(&mut sim, 10, |sim| w.all_see_current(sim)).is_some(),
+        "seed {seed}"
+    );
+    sim.run_for(1_500);
+    sim.crash_unsaved(killed, saved);
+    w.deregister(&mut sim, owner);
+    sim.run_for(6_000);
+    sim.restart(killed);
+    sim.run_for(5_000);
+    for s in 5..20 {
+        assert!(
+            w.all_see_current(&sim),
+            "{s} s after its restart, machine {killed} shows {:?}, deregistered by its owner \
+             (seed {seed})",
+            Workload::visible(&sim, killed)
+        );
+        sim.run_for(1_000);
+    }
+}

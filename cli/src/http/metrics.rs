@@ -227,6 +227,12 @@ impl Snapshot {
         )?;
         counter(
             e,
+            "roster_diverged_states",
+            "Peers whose state differed from this node's with the same context (a removal one side missed); each side then sent its elided state.",
+            p.diverged_states,
+        )?;
+        counter(
+            e,
             "roster_states_refused",
             "States from peers refused before they were joined (a retirement of a live node, a runaway counter, a time too far ahead).",
             p.states_refused,

@@ -472,6 +472,7 @@ impl Node {
         p.advertised = Some(peer.url.clone());
         p.name = Some(peer.name.clone());
         p.hashes_sent_at = Some(now.mono_ms);
+        p.state_checked = false;
         self.seen(peer.id, now);
         // Dialed for an exchange: the peer pushes nothing on it either.
         if sync {

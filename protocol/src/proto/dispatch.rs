@@ -119,8 +119,12 @@ impl Node {
         // A digest that asks, from a peer in step: answer with the hashes, or it
         // would ask again every repair round (see `on_digest_hash`).
         if let Some(hash) = state {
-            if self.adopt_equal(peer, &theirs, &ours, hash) && !reply {
-                self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
+            if self.adopt_equal(peer, &theirs, &ours, hash) {
+                if !reply {
+                    self.send_to_peer(peer, Message::digest_hash(&ours, Some(hash)), now);
+                }
+            } else if theirs.includes(&ours) && ours.includes(&theirs) {
+                self.on_diverged(conn, peer, &theirs, reply, now);
             }
         }
         if !theirs.includes(&ours) {
@@ -139,10 +143,14 @@ impl Node {
                         && a < self.buffer.head()
                         && self.deltas_since_fill(a, peer, &theirs, &ours) =>
                 {
+                    self.check_state_after_catch_up(peer);
                     self.sync_peer(peer, false, now)
                 }
                 // Under the crash-loop guard, no full state unless the peer asks.
-                None if self.adopt_base(peer, &theirs) => self.sync_peer(peer, false, now),
+                None if self.adopt_base(peer, &theirs) => {
+                    self.check_state_after_catch_up(peer);
+                    self.sync_peer(peer, false, now)
+                }
                 _ if in_flight || self.guarded => {}
                 _ => self.send_full(peer, &theirs, now),
             }

@@ -47,6 +47,7 @@ mod contacts;
 /// Damping per failure domain: a zone cut off is shown unreachable, not written off.
 mod damping;
 mod dispatch;
+mod divergence;
 mod force;
 mod guard;
 mod liveness;

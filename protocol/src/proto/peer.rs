@@ -66,6 +66,11 @@ pub(super) struct Peer {
     /// Its acknowledgement was taken from its digest (see `adopt_base`), not from an ack:
     /// until it acks, what it is sent is trimmed by that digest.
     pub(super) adopted: bool,
+    /// A catch-up from the buffer, on its latest connection, is to have its state checked
+    /// once acknowledged up to this number (see `divergence`).
+    pub(super) check_state_at: Option<u64>,
+    /// Its latest connection had such a check already.
+    pub(super) state_checked: bool,
     /// When it was last connected.
     pub(super) last_seen_ms: u64,
     /// Its last dial was refused for clock skew (see [`Seed::clock_refused`]).

@@ -295,6 +295,7 @@ impl Node {
             // What is still in flight is awaited afresh.
             self.await_ack(peer, now);
         }
+        self.check_state_on_ack(peer, seq, now);
         self.trim_buffer();
     }
 

@@ -134,6 +134,9 @@ pub struct Counters {
     pub digests_coalesced: u64,
     /// Peers found in step by their state hash, so sent no elided state.
     pub equal_states_adopted: u64,
+    /// Peers whose state differed from ours with the same context (a removal one side
+    /// never joined: see `divergence`), each then sent the other's elided state.
+    pub diverged_states: u64,
     /// Peers this node wrote dead (see `liveness`).
     pub deaths_written: u64,
     /// Times this node found itself written dead and renewed its lease.
