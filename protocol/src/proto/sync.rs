@@ -421,6 +421,14 @@ impl Node {
                 }
                 None => self.learnt_out_of_band(now),
             }
+        } else if !tags.is_empty() {
+            // New changes whose values came first unnamed (an exchange's catch-up names
+            // nothing): their names go on along the trees, with nothing to carry. Without
+            // them the copy that went on unnamed left our children unable to tell it
+            // came, and each grafted it from an announcer.
+            self.buffer.push_tagged(Some(from), State::new_delta(), tags);
+            self.trim_buffer();
+            self.schedule_push(now);
         }
         // What the join hid goes down first: a refutation's renewal brings our own back.
         self.emit_changes(changes, now);
