@@ -257,6 +257,9 @@ enum Fail {
     Timeout,
     /// The peer's TLS certificate was refused (or it refused ours).
     Tls(String),
+    /// A certificate expired, or not valid yet, by one side's clock: while certificates
+    /// are valid by the true time, a clock that runs far ahead or behind (`TlsClock`).
+    TlsClock(String),
     /// Over TLS, a peer (or a client not on loopback) showed no client certificate.
     NoClientCertificate { client: bool },
     /// Over TLS, the other side claimed a node id its certificate does not name.
@@ -275,6 +278,10 @@ impl Fail {
             Fail::Handshake(e) => e.failure(),
             // A certificate that does not verify will not fix itself in seconds.
             Fail::Tls(_) | Fail::CertificateNamesAnother { .. } => Failure::Auth,
+            // One out of its dates by a clock: it verifies again once the clock is set
+            // right, as a refusal for clock skew does (a node a year ahead, back without a
+            // restart, waited out two-minute backoffs toward every peer).
+            Fail::TlsClock(_) => Failure::Clock,
             // Another node answers at that address now (the one dialed restarted with a
             // new identity, say): the one dialed is not coming back there soon.
             Fail::WrongPeer { .. } => Failure::RetryAfter(WRONG_PEER_RETRY_MS),
@@ -293,6 +300,7 @@ impl Fail {
             Fail::Handshake(HandshakeError::Refused { .. }) => bump(&c.handshakes_rejected),
             Fail::Handshake(_)
             | Fail::Tls(_)
+            | Fail::TlsClock(_)
             | Fail::NoClientCertificate { .. }
             | Fail::CertificateNamesAnother { .. } => {
                 bump(&c.handshakes_refused);
@@ -325,6 +333,9 @@ impl Fail {
                 shared.limits.handshake_timeout
             ),
             Fail::Tls(e) => format!("TLS handshake failed: {e}"),
+            Fail::TlsClock(e) => format!(
+                "TLS handshake failed: {e}: a certificate is out of its dates by one side's clock; check NTP on both hosts"
+            ),
             Fail::CertificateNamesAnother { .. } => format!("refused a handshake: {}", self.to_line()),
             Fail::NoClientCertificate { client } => format!(
                 "refused a {}: it showed no TLS client certificate",
@@ -379,8 +390,39 @@ impl Fail {
                 CloseCode::Policy,
                 "a TLS client certificate of the cluster CA is required",
             )),
-            Fail::Timeout | Fail::Network(_) | Fail::Tls(_) | Fail::Busy(_) | Fail::Cancelled => None,
+            Fail::Timeout
+            | Fail::Network(_)
+            | Fail::Tls(_)
+            | Fail::TlsClock(_)
+            | Fail::Busy(_)
+            | Fail::Cancelled => None,
         }
+    }
+}
+
+/// A dial's TLS handshake that failed: rustls reports its own errors (certificates,
+/// alerts) as invalid data; a certificate out of its dates, ours by the peer's clock
+/// (its alert) or the peer's by ours, is the clock's failure, not the credentials'.
+fn tls_dial_fail(e: std::io::Error) -> Fail {
+    use tokio_rustls::rustls::{AlertDescription, CertificateError, Error as TlsError};
+    if e.kind() != std::io::ErrorKind::InvalidData {
+        return Fail::Network(format!("TLS: {e}"));
+    }
+    let dates = match e.get_ref().and_then(|inner| inner.downcast_ref::<TlsError>()) {
+        Some(TlsError::InvalidCertificate(c)) => matches!(
+            c,
+            CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. }
+        ),
+        Some(TlsError::AlertReceived(a)) => *a == AlertDescription::CertificateExpired,
+        _ => false,
+    };
+    if dates {
+        Fail::TlsClock(e.to_string())
+    } else {
+        Fail::Tls(e.to_string())
     }
 }
 
@@ -421,6 +463,37 @@ type WsWrite<S> = SplitSink<WebSocketStream<S>, WsMessage>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fault soak: a node whose clock ran a year ahead found every certificate expired
+    /// (and its peers got its `CertificateExpired` alert), and those dials backed off as
+    /// bad credentials, two minutes at the first failure, on both sides and across its
+    /// restart; back at the true time, it waited them out (a side of a partition with no
+    /// link for a minute, a write not across it in 5 s). Out of its dates by a clock, a
+    /// certificate is the clock's failure: reset when the clock comes back.
+    #[test]
+    fn a_certificate_out_of_its_dates_fails_a_dial_as_the_clock_and_a_bad_one_as_credentials() {
+        use tokio_rustls::rustls::{AlertDescription, CertificateError, Error as TlsError};
+        let io = |e: TlsError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let clock = [
+            TlsError::InvalidCertificate(CertificateError::Expired),
+            TlsError::InvalidCertificate(CertificateError::NotValidYet),
+            TlsError::AlertReceived(AlertDescription::CertificateExpired),
+        ];
+        for e in clock {
+            let fail = tls_dial_fail(io(e));
+            assert!(matches!(fail, Fail::TlsClock(_)), "{fail:?}");
+            assert_eq!(fail.failure(), Failure::Clock);
+        }
+        let credentials = [
+            TlsError::InvalidCertificate(CertificateError::UnknownIssuer),
+            TlsError::AlertReceived(AlertDescription::BadCertificate),
+        ];
+        for e in credentials {
+            assert_eq!(tls_dial_fail(io(e)).failure(), Failure::Auth);
+        }
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(tls_dial_fail(reset).failure(), Failure::Network);
+    }
 
     #[test]
     fn an_outbox_bounds_messages_and_bytes_and_refuses_a_message_over_the_limit() {

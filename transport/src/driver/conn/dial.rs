@@ -9,7 +9,8 @@ use tokio_tungstenite::tungstenite::client::ClientRequestBuilder;
 use tokio_tungstenite::tungstenite::http::Uri;
 
 use super::{
-    bounded, client_handshake, refuse, run, ws_fail, ConnEvent, Fail, PeerCert, Shared, SUBPROTOCOL,
+    bounded, client_handshake, refuse, run, tls_dial_fail, ws_fail, ConnEvent, Fail, PeerCert, Shared,
+    SUBPROTOCOL,
 };
 use crate::driver::limits::bump;
 use crate::driver::tls::{self, Tls};
@@ -61,14 +62,7 @@ pub(in crate::driver) async fn dial(target: DialTarget, shared: Arc<Shared>) {
                     let stream = async move {
                         let (tcp, host) = tcp.await?;
                         let name = tls::server_name(&host).map_err(Fail::Tls)?;
-                        let s = connector.connect(name, tcp).await.map_err(|e| {
-                            // rustls reports its own errors (certificates, alerts) as invalid data.
-                            if e.kind() == std::io::ErrorKind::InvalidData {
-                                Fail::Tls(e.to_string())
-                            } else {
-                                Fail::Network(format!("TLS: {e}"))
-                            }
-                        })?;
+                        let s = connector.connect(name, tcp).await.map_err(tls_dial_fail)?;
                         let cert = tls::leaf(s.get_ref().1.peer_certificates());
                         Ok((s, cert))
                     };
