@@ -59,12 +59,13 @@ def build_shim(work):
     return out
 
 
-def unmount_leftovers():
-    """Unmount the data-dir tmpfs of any earlier run (work dirs /tmp/soak.*)."""
+def unmount_leftovers(prefix):
+    """Unmount the data-dir tmpfs of any earlier run of this slot (work dirs
+    /tmp/<prefix>.*)."""
     with open("/proc/mounts") as f:
         points = [line.split()[1] for line in f]
     for p in points:
-        if os.path.basename(os.path.dirname(p)).startswith("soak.") and "/data-" in p:
+        if os.path.basename(os.path.dirname(p)).startswith(f"{prefix}.") and "/data-" in p:
             sh("umount", "-l", p, check=False)
 
 
@@ -212,7 +213,7 @@ class SoakCluster(jepsen.Cluster):
     # ---- disks ---------------------------------------------------------------------------
     def mount_disk(self, n):
         os.makedirs(self.data(n), exist_ok=True)
-        sh("mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE},mode=0700", f"soak-{n}", self.data(n))
+        sh("mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE},mode=0700", f"{self.net.prefix}-{n}", self.data(n))
 
     def unmount_disks(self, keep):
         for n in self.net.names:

@@ -43,6 +43,16 @@ CLOCK_AIM = 5.0
 WINDOWS = max(1, int(SECONDS // 60))
 LENGTH = max(20.0, SECONDS / WINDOWS - 10)  # seconds of faults a window; its check follows
 NAMES = "abcdefghi"[:AGENTS]
+# Runs side by side, each in a slot of its own (0-3): namespaces, bridge, subnet, ports,
+# work dirs and lock apart, so that 10 seeds of 30 minutes take less than 10 half hours.
+SLOT = int(os.environ.get("SOAK_SLOT") or 0)
+PREFIX = "soak" if SLOT == 0 else f"soak{SLOT}"
+
+
+def soak_net(names):
+    """Slot `SLOT`'s network: slot 0 is the one a run always had."""
+    from jepsen import Net
+    return Net(names, prefix=PREFIX, bridge=f"{PREFIX}br", subnet=f"10.{81 + SLOT}.0", port=7800 + 200 * SLOT)
 
 
 def say(msg):
@@ -56,7 +66,6 @@ class Soak:
     def __init__(self, work):
         from cluster import SoakCluster
         from httpapi import Api
-        from jepsen import Net
         from model import Model
         self.seed, self.work = SEED, work
         self.stopping = False
@@ -66,7 +75,7 @@ class Soak:
         self.t0 = time.monotonic()
         self.last_check_end = 0.0
         self.since_faults = []  # each quiet period's convergence, from the last fault's end
-        self.net = Net(NAMES, prefix="soak", bridge="soakbr", subnet="10.81.0", port=7800)
+        self.net = soak_net(NAMES)
         self.model = Model()
         self.cluster = SoakCluster(work, self.net, say)
         self.api = Api(self.cluster)
@@ -142,8 +151,8 @@ def start(soak):
         c.start_agent(n)
     soak.t0 = time.monotonic()
     wall = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    soak.say(f"t=0.0s (= {wall}Z, the true UTC time the agents' logs are stamped in) {len(NAMES)} agents up ({','.join(NAMES)}; namespaces soak-*, bridge soakbr, "
-        f"10.81.0.0/24, ports 7800+), work dir {soak.work}")
+    soak.say(f"t=0.0s (= {wall}Z, the true UTC time the agents' logs are stamped in) {len(NAMES)} agents up ({','.join(NAMES)}; namespaces {PREFIX}-*, bridge {PREFIX}br, "
+        f"10.{81 + SLOT}.0.0/24, ports {7800 + 200 * SLOT}+), work dir {soak.work}")
     soak.nemesis = Nemesis(soak)
     soak.checker = Checker(soak, CONVERGE_LIMIT)
     soak.writers = [Writer(soak, "cli"), Writer(soak, "http")]
@@ -270,18 +279,21 @@ def main():
     if not 5 <= AGENTS <= 9:
         say("error: SOAK_AGENTS must be 5 to 9")
         return 2
+    if not 0 <= SLOT <= 3:
+        say("error: SOAK_SLOT must be 0 to 3")
+        return 2
     from cluster import unmount_leftovers
-    from jepsen import Fail, Net, net_down
-    net = Net(NAMES, prefix="soak", bridge="soakbr", subnet="10.81.0", port=7800)
-    net_down(Net("abcdefghi", prefix="soak", bridge="soakbr", subnet="10.81.0", port=7800))
-    unmount_leftovers()  # what a run killed with SIGKILL left
+    from jepsen import Fail, net_down
+    net = soak_net(NAMES)
+    net_down(soak_net("abcdefghi"))
+    unmount_leftovers(PREFIX)  # what a run of this slot killed with SIGKILL left
 
     def on_signal(sig, _frame):
         raise SystemExit(128 + sig)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    work = tempfile.mkdtemp(prefix="soak.")
+    work = tempfile.mkdtemp(prefix=f"{PREFIX}.")
     keep, rc, soak = KEEP, 0, None
     try:
         soak = Soak(work)
