@@ -265,7 +265,7 @@ def cleanup(soak, net, keep):
     if soak is not None:
         soak.cluster.unmount_disks(keep)
     net_down(net)
-    unmount_leftovers()
+    unmount_leftovers(PREFIX)
 
 
 def main():
