@@ -888,6 +888,17 @@ fn a_watch_shows_the_instances_again_when_its_nodes_clock_comes_back_from_ahead(
     );
 }
 
+/// The soak's agents' knobs (4 s leases, 250 ms gossip rounds), with a short hold-off.
+fn soak_config() -> Config {
+    Config {
+        member_lease_ttl_ms: 4_000,
+        lease_per_member_ms: 0,
+        gossip_interval_ms: 250,
+        expire_holdoff_ms: 10_000,
+        ..config()
+    }
+}
+
 /// The fault soak's finding 5: a node stopped (SIGTERM) while its wall clock ran 30 s
 /// behind, restarted with it so, and then had its clock stepped right, no restart. Its
 /// registrations were gone at every node, its own included, until they were written
@@ -896,13 +907,7 @@ fn a_watch_shows_the_instances_again_when_its_nodes_clock_comes_back_from_ahead(
 #[test]
 fn a_node_restarted_with_its_clock_behind_keeps_its_registrations_when_the_clock_is_set_right() {
     let seed = sim_seed("restart_behind_then_right");
-    let cfg = Config {
-        member_lease_ttl_ms: 4_000,
-        lease_per_member_ms: 0,
-        gossip_interval_ms: 250,
-        expire_holdoff_ms: 10_000,
-        ..config()
-    };
+    let cfg = soak_config();
     let (n, stepped) = (5, 2);
     let mut sim = converged(n, cfg, seed);
     let mut w = Workload::default();
@@ -942,13 +947,7 @@ fn a_node_restarted_with_its_clock_behind_keeps_its_registrations_when_the_clock
 #[test]
 fn a_node_that_lost_an_acknowledged_update_in_a_crash_does_not_show_the_older_value_after_a_deregistration() {
     let seed = sim_seed("unsaved_update_then_removal");
-    let cfg = Config {
-        member_lease_ttl_ms: 4_000,
-        lease_per_member_ms: 0,
-        gossip_interval_ms: 250,
-        expire_holdoff_ms: 10_000,
-        ..config()
-    };
+    let cfg = soak_config();
     let (n, owner, killed) = (5, 4, 3);
     let mut sim = converged(n, cfg, seed);
     let mut w = Workload::default();
