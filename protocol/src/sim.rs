@@ -260,14 +260,15 @@ impl Sim {
             return;
         };
         node.stop(now);
+        let memory = node.memory();
         let resume = Resume {
             owned: node.owned_registrations(),
             removed: Vec::new(),
             drop_unowned: true,
-            peers: node.memory().peers,
-            seeds: node.memory().seeds,
+            peers: memory.peers,
+            seeds: memory.seeds,
             crash_guard: None,
-            leases_shipped: node.memory().leases_shipped,
+            leases_shipped: memory.leases_shipped,
         };
         self.drain(i);
         self.crash(i);
