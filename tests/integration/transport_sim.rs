@@ -44,7 +44,12 @@ pub(crate) fn key(i: usize) -> (ServiceName, ProviderId) {
 
 impl Workload {
     pub(crate) fn register(&mut self, sim: &mut Sim, i: usize, port: u16) {
-        let (s, p) = key(i);
+        self.register_key(sim, i, i, port);
+    }
+
+    /// Registers instance `k` (see [`key`]) through machine `i`, its owner from then on.
+    pub(crate) fn register_key(&mut self, sim: &mut Sim, i: usize, k: usize, port: u16) {
+        let (s, p) = key(k);
         let ep = Endpoint::new("10.9.9.9", port).unwrap();
         let done = sim.with_node(i, |n, now| {
             n.register(s.clone(), p.clone(), ep, Default::default(), now)
@@ -937,6 +942,51 @@ fn a_node_restarted_with_its_clock_behind_keeps_its_registrations_when_the_clock
         "10 s after machine {stepped}'s clock was set right, machines {missing:?} do not show \
          every registration (seed {seed})"
     );
+}
+
+/// The fault soak's finding 7: two nodes whose clocks ran ahead together took each
+/// other's writes; when the clocks came back, one node's later changes were named (on the
+/// trees, by its clock) below the names the other had seen from it ahead, so they looked
+/// seen: its links were pruned as copies, its announcements were not grafted, and its
+/// renewals stopped reaching that node, which showed its registrations gone for most of
+/// each lease until a digest exchange brought them.
+#[test]
+fn a_node_back_from_ahead_keeps_its_registrations_shown_by_a_peer_that_was_ahead_with_it() {
+    let seed = sim_seed("ahead_together_names");
+    let (n, a, b) = (5, 0, 1);
+    let mut sim = converged(n, soak_config(), seed);
+    let mut w = Workload::default();
+    for k in 0..n {
+        w.register(&mut sim, k, 7_000);
+    }
+    sim.run_for(5_000);
+    assert!(
+        w.all_see_current(&sim),
+        "the first writes did not converge (seed {seed})"
+    );
+    sim.set_wall_offset(a, 30_000);
+    sim.set_wall_offset(b, 30_000);
+    for k in n..n + 20 {
+        sim.run_for(300);
+        w.register_key(&mut sim, b, k, 7_000);
+    }
+    sim.run_for(2_000);
+    sim.set_wall_offset(a, 0);
+    sim.run_for(3_000);
+    sim.set_wall_offset(b, 0);
+    sim.run_for(3_000);
+    for step in 0..60 {
+        let lacking: Vec<usize> = (0..n)
+            .filter(|&i| Workload::visible(&sim, i) != w.current)
+            .collect();
+        assert!(
+            lacking.is_empty(),
+            "{} ms after b's clock came back, machines {lacking:?} do not show every \
+             registration (seed {seed})",
+            3_000 + step * 500
+        );
+        sim.run_for(500);
+    }
 }
 
 /// The fault soak's finding 4: a node killed after it acknowledged an update it had not

@@ -127,6 +127,25 @@ impl Trees {
         self.seen.entry(id.root).or_default().insert(id.at)
     }
 
+    /// Whether `id` counts as seen only for being older than the newest kept (it never
+    /// arrived here as far as this node remembers).
+    pub(super) fn seen_by_age(&self, id: &ChangeId) -> bool {
+        self.seen
+            .get(&id.root)
+            .is_some_and(|s| id.at <= s.floor && !s.recent.contains(&id.at))
+    }
+
+    /// `id` looked seen, but it is new: its root named it below what this node had seen
+    /// from it, so the root's clock went back (it ran ahead, and came back or restarted
+    /// with its clock set right). What was seen of the root, and where its newest change
+    /// came from, are forgotten, and `id` is its first change seen since.
+    pub(super) fn renamed(&mut self, id: ChangeId) {
+        let mut seen = Seen::default();
+        seen.insert(id.at);
+        self.seen.insert(id.root, seen);
+        self.parent.remove(&id.root);
+    }
+
     /// The new change `t` came from `peer`. From a peer that was asked to push its root's
     /// changes no more, it came off the root's tree (in one delta with a change of a root
     /// the peer does push): the parent stays, or the copy the tree brings would prune the
@@ -387,6 +406,30 @@ mod tests {
         assert!(t.has(&id(1, 5)), "below the kept window: taken as seen");
         assert!(!t.has(&id(1, 41)));
         assert!(!t.has(&id(2, 10)), "roots are apart");
+    }
+
+    #[test]
+    fn a_renamed_root_forgets_what_was_seen_of_it_and_its_parent() {
+        let mut t = Trees::default();
+        for at in 100..140 {
+            assert!(t.observe(id(1, at)));
+        }
+        t.arrived_from(ReplicaId(7), tagged(1, 139));
+        t.observe(id(2, 50));
+        assert!(t.has(&id(1, 20)), "named below what was seen: taken as seen");
+        assert!(
+            t.seen_by_age(&id(1, 20)) && !t.seen_by_age(&id(1, 139)),
+            "139 arrived"
+        );
+        t.renamed(id(1, 20));
+        assert!(t.has(&id(1, 20)) && !t.has(&id(1, 21)) && !t.has(&id(1, 19)));
+        assert_eq!(
+            t.parent_of(ReplicaId(1)),
+            None,
+            "the parent of the old names is gone"
+        );
+        assert!(t.observe(id(1, 21)), "the root's next change is new");
+        assert!(t.has(&id(2, 50)), "other roots keep what was seen");
     }
 
     #[test]

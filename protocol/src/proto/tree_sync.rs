@@ -110,6 +110,8 @@ impl Node {
                 copies.push(here);
             }
         }
+        self.take_renamed(peer, &delta, &mut copies, &mut fresh);
+        fresh_roots.extend(fresh.iter().map(|t| t.id.root));
         if !resend {
             copies.retain(|t| !fresh_roots.contains(&t.id.root));
             self.prune_copies(peer, copies, now);
@@ -121,6 +123,50 @@ impl Node {
             self.owe_ack(conn, seq, now);
         }
         Ok(())
+    }
+
+    /// Changes of a root that all looked seen, one of them only for being named below the
+    /// newest seen, although the delta holds a dot of the root above every dot of it in
+    /// our context: a node's counter only grows, across restarts and clock steps, where
+    /// its clock may not, so the root named a new change below what we had seen from it
+    /// (its clock ran ahead, and came back or restarted set right). A change whose name
+    /// arrived before its dot (named in a delta that left the dot out) is no such case.
+    /// What was seen of it is forgotten ([`Trees::renamed`]) and its newest-named change
+    /// here moves from `copies` to `fresh`. Taken as seen, the root's changes pruned its
+    /// tree's links as copies and its announcements were never grafted, so it reached a
+    /// peer that was ahead with it only by digest exchanges (the fault soak's finding 7).
+    fn take_renamed(
+        &mut self,
+        peer: ReplicaId,
+        delta: &State,
+        copies: &mut Vec<Tagged>,
+        fresh: &mut Vec<Tagged>,
+    ) {
+        let fresh_roots: BTreeSet<ReplicaId> = fresh.iter().map(|t| t.id.root).collect();
+        let mut newest: BTreeMap<ReplicaId, usize> = BTreeMap::new();
+        for (i, t) in copies.iter().enumerate() {
+            let root = t.id.root;
+            if fresh_roots.contains(&root) || !self.trees.seen_by_age(&t.id) {
+                continue;
+            }
+            let e = newest.entry(root).or_insert(i);
+            if copies[*e].id.at < t.id.at {
+                *e = i;
+            }
+        }
+        let ctx = self.replica.context();
+        let mut renamed: Vec<usize> = newest
+            .into_iter()
+            .filter(|(root, _)| delta.context().max_counter(*root) > ctx.max_counter(*root))
+            .map(|(_, i)| i)
+            .collect();
+        renamed.sort_unstable_by(|a, b| b.cmp(a));
+        for i in renamed {
+            let t = copies.remove(i);
+            self.trees.renamed(t.id);
+            self.trees.arrived_from(peer, t);
+            fresh.push(t);
+        }
     }
 
     /// `peer` sent copies of changes we had, none of whose roots it brought anything new
