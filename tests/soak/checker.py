@@ -141,14 +141,16 @@ class Checker:
         return None, 0  # SOAK_CONTINUE=1: go on
 
     def diagnose(self, label):
-        """`roster status` of every agent into the work dir, for the logs kept."""
+        """`roster status` and `roster members` (each lease's end, as this agent sees it)
+        of every agent into the work dir, for the logs kept."""
         for n in self.c.net.names:
             r = self.c.cli(n, "status", timeout=5)
             j = self.c.cli(n, "status", "--json", timeout=5)  # with the counters
+            m = self.c.cli(n, "members", "--json", timeout=5)
             with open(os.path.join(self.c.work, f"status-{n}.txt"), "a") as f:
                 f.write(f"---- t={self.soak.now():.1f}s {label}\n"
-                        f"{r.stdout if r is not None else 'no answer'}\n"
-                        f"{j.stdout if j is not None else 'no answer'}\n")
+                        + "\n".join(x.stdout if x is not None else "no answer" for x in (r, j, m))
+                        + "\n")
             metrics = self.soak.api.text(n, "/metrics")
             with open(os.path.join(self.c.work, f"metrics-{n}.txt"), "a") as f:
                 f.write(f"---- t={self.soak.now():.1f}s {label}\n{metrics or 'no answer'}\n")
