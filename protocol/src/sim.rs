@@ -16,8 +16,8 @@ use rand::{RngExt, SeedableRng};
 use roster_registry::{Replica, ReplicaId, State};
 
 use crate::message::Envelope;
-use crate::proto::{Config, ConnId, Node, NodeInfo, Now, Output, Resume, Zone};
-pub use network::{url, Faults, Traffic};
+use crate::proto::{Config, ConnId, DialTarget, Node, NodeInfo, Now, Output, Resume, Zone};
+pub use network::{url, Faults, Traffic, SILENT_DIAL_MS};
 
 #[derive(Debug)]
 enum Event {
@@ -32,6 +32,8 @@ enum Event {
     /// A WebSocket ping (or, `ping` false, its pong) arrives at one end (with
     /// [`Sim::emulate_keepalive`]).
     Control { to: ConnId, ping: bool },
+    /// A dial into a silent partition gives up (see [`Sim::partition_silently`]).
+    DialTimedOut { from: usize, target: DialTarget },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +95,9 @@ pub struct Sim {
     timer_of: Vec<Option<u64>>,
     /// The driver's pings and dead links, when emulated.
     keepalives: Option<links::Keepalives>,
+    /// Whether the partition drops what crosses it without a word: a dial across it hangs
+    /// until the driver's handshake timeout, where a loud one is refused at once.
+    silent: bool,
 }
 
 impl Sim {
@@ -129,6 +134,7 @@ impl Sim {
             timers: BTreeSet::new(),
             timer_of: vec![None; n],
             keepalives: None,
+            silent: false,
         };
         for i in 0..n {
             let info = NodeInfo {
@@ -388,6 +394,7 @@ impl Sim {
                     Some((_, Event::Deliver { to, envelope, bytes })) => self.deliver(to, envelope, bytes),
                     Some((_, Event::Close { conn })) => self.drop_conn(conn),
                     Some((_, Event::Control { to, ping })) => self.deliver_control(to, ping),
+                    Some((_, Event::DialTimedOut { from, target })) => self.dial_failed(from, &target),
                     None => {}
                 }
             } else if next_timer == Some(next) {

@@ -64,6 +64,10 @@ pub struct Traffic {
     pub dials: u64,
 }
 
+/// How long a dial across a silent partition hangs before it fails: the driver's
+/// handshake timeout (`Limits::handshake_timeout`), which bounds a TCP connect too.
+pub const SILENT_DIAL_MS: u64 = 5_000;
+
 /// The bytes of an emulated ping or pong: an empty WebSocket control frame, masked (the
 /// larger of the two directions).
 const CONTROL_FRAME_BYTES: u64 = 6;
@@ -116,6 +120,7 @@ impl Sim {
     /// Splits the network: machines on different sides cannot talk, and connections across
     /// sides drop.
     pub fn partition(&mut self, side_of: impl Fn(usize) -> u32) {
+        self.silent = false;
         for i in 0..self.machines.len() {
             self.machines[i].side = side_of(i);
         }
@@ -136,8 +141,10 @@ impl Sim {
     /// Splits the network silently (no FIN, no RST): machines on different sides cannot
     /// talk, but the connections across the sides stay open at both ends, and what is
     /// sent on them is lost, until a keepalive (see [`Sim::emulate_keepalive`]) or the
-    /// protocol closes them. Dials across the sides fail.
+    /// protocol closes them. Dials across the sides hang and fail after the driver's
+    /// handshake timeout ([`SILENT_DIAL_MS`]), as a SYN that is dropped does.
     pub fn partition_silently(&mut self, side_of: impl Fn(usize) -> u32) {
+        self.silent = true;
         for i in 0..self.machines.len() {
             self.machines[i].side = side_of(i);
         }
@@ -247,15 +254,15 @@ impl Sim {
         let now = self.now_ms;
         let to = machine_of(&url).filter(|&j| j < self.machines.len() && j != from);
         self.dials.push((now, from, to));
-        let reachable = to.filter(|&j| {
-            self.machines[j].node.is_some() && self.machines[j].side == self.machines[from].side
-        });
-        let Some(to) = reachable else {
-            let now = self.now_of(from);
-            if let Some(n) = self.machines[from].node.as_mut() {
-                n.handle_dial_failed(&target, Failure::Network, now);
-            }
-            work.push(from);
+        let across = to.filter(|&j| self.machines[j].side != self.machines[from].side);
+        if across.is_some() && self.silent {
+            self.next_event += 1;
+            let at = (now + SILENT_DIAL_MS, self.next_event);
+            self.queue.insert(at, Event::DialTimedOut { from, target });
+            return;
+        }
+        let Some(to) = to.filter(|&j| self.machines[j].node.is_some() && across.is_none()) else {
+            self.dial_failed_now(from, &target, work);
             return;
         };
         let (a, b) = (self.next_conn, self.next_conn + 1);
@@ -294,6 +301,24 @@ impl Sim {
         }
         work.push(to);
         work.push(from);
+    }
+
+    /// A dial of machine `from` failed: refused, or given up across a silent partition.
+    fn dial_failed_now(&mut self, from: usize, target: &DialTarget, work: &mut Vec<usize>) {
+        let now = self.now_of(from);
+        if let Some(n) = self.machines[from].node.as_mut() {
+            n.handle_dial_failed(target, Failure::Network, now);
+        }
+        work.push(from);
+    }
+
+    /// A dial across a silent partition timed out.
+    pub(super) fn dial_failed(&mut self, from: usize, target: &DialTarget) {
+        let mut work = Vec::new();
+        self.dial_failed_now(from, target, &mut work);
+        for i in work {
+            self.drain(i);
+        }
     }
 
     /// Pings the quiet links that are due, and closes the dead ones: the dead side's node
