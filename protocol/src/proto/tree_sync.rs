@@ -142,6 +142,9 @@ impl Node {
         copies: &mut Vec<Tagged>,
         fresh: &mut Vec<Tagged>,
     ) {
+        if copies.is_empty() {
+            return;
+        }
         let fresh_roots: BTreeSet<ReplicaId> = fresh.iter().map(|t| t.id.root).collect();
         let mut newest: BTreeMap<ReplicaId, usize> = BTreeMap::new();
         for (i, t) in copies.iter().enumerate() {
