@@ -289,6 +289,9 @@ impl Sim {
             return;
         };
         self.refresh_timer(i);
+        // Its dials hanging across a silent partition die with the process.
+        self.queue
+            .retain(|_, e| !matches!(e, Event::DialTimedOut { from, .. } if *from == i));
         self.machines[i].disk = node.replica().state().clone();
         self.machines[i].counter_floor = node.replica().counter();
         let mine: Vec<ConnId> = self
